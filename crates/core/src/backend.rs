@@ -1,0 +1,77 @@
+//! The interface every backend implements: check support, plan a graph once, run it many
+//! times. Persistent state (the KV cache) belongs to a session and is shared by name between
+//! the graphs loaded into it (prefill and decode).
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Node, NodeName};
+use crate::tensor::HostTensor;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompileOptions {
+    /// Keep every named node's value so [`Session::named_values`] can return it.
+    pub keep_named: bool,
+}
+
+/// Handle of a graph loaded into a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphId(pub usize);
+
+/// Bytes a session holds, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Activation buffers of all loaded graphs (planned once each).
+    pub planned_bytes: usize,
+    /// Persistent states (KV caches).
+    pub state_bytes: usize,
+    /// Weight copies the backend made (0 when it reads the host tensors in place).
+    pub parameter_bytes: usize,
+}
+
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    /// Whether a kernel exists for this node (op and dtypes); the error names what is missing.
+    fn check_supported(&self, node: &Node) -> Result<()>;
+    fn new_session(&self) -> Result<Box<dyn Session>>;
+}
+
+pub trait Session: Send {
+    fn backend_name(&self) -> &'static str;
+    /// Plans `graph`'s memory and prepares it to run. States it names are created (zeroed) or,
+    /// if an earlier graph made them, shared (their dtype and shape must agree).
+    fn load(&mut self, graph: &Graph, options: CompileOptions) -> Result<GraphId>;
+    /// Runs a loaded graph with its inputs in [`Graph::inputs`] order; returns its outputs.
+    fn run(&mut self, id: GraphId, inputs: &[HostTensor]) -> Result<Vec<HostTensor>>;
+    /// Values of the named nodes from the last run of `id` (loaded with `keep_named`).
+    fn named_values(&self, id: GraphId) -> Result<Vec<(NodeName, HostTensor)>>;
+    fn read_state(&self, name: &str) -> Result<HostTensor>;
+    fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()>;
+    fn memory(&self) -> MemoryReport;
+}
+
+/// Fails with the first node `backend` has no kernel for.
+pub fn check_graph(backend: &dyn Backend, graph: &Graph) -> Result<()> {
+    graph.nodes.iter().try_for_each(|n| backend.check_supported(n))
+}
+
+/// Checks run inputs against the graph's input nodes.
+pub fn check_inputs(graph: &Graph, inputs: &[HostTensor]) -> Result<()> {
+    let ids = graph.inputs();
+    if ids.len() != inputs.len() {
+        return Err(Error::Runtime(format!(
+            "graph takes {} inputs ({}), got {}",
+            ids.len(),
+            graph.input_names().join(", "),
+            inputs.len()
+        )));
+    }
+    for ((id, t), name) in ids.iter().zip(inputs).zip(graph.input_names()) {
+        let node = graph.node(*id);
+        if node.dtype != t.dtype || node.shape != t.shape {
+            return Err(Error::Runtime(format!(
+                "input {name}: expected {} {:?}, got {} {:?}",
+                node.dtype, node.shape, t.dtype, t.shape
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! Graph → graph rewrites. A pass has a name (for logs and statistics) and must keep results
+//! bit-identical unless its documentation says otherwise.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::graph::{Graph, Node, NodeId};
+use crate::op::Op;
+
+pub struct Pass {
+    pub name: &'static str,
+    pub run: fn(&Graph) -> Result<Graph>,
+}
+
+/// The passes every graph goes through before a backend plans it, in order.
+pub fn default_passes() -> Vec<Pass> {
+    vec![
+        Pass { name: "remove_noop_astype", run: remove_noop_astype },
+        Pass { name: "fold_constant_astype", run: fold_constant_astype },
+        Pass { name: "dead_node_elimination", run: dead_node_elimination },
+    ]
+}
+
+pub fn run_passes(graph: &Graph, passes: &[Pass]) -> Result<Graph> {
+    let mut g = graph.clone();
+    for pass in passes {
+        g = (pass.run)(&g)?;
+        g.validate()?;
+    }
+    Ok(g)
+}
+
+/// What a rewrite does with one node.
+enum Action {
+    Keep(Node),
+    /// Use this (already rewritten) node wherever the old one was read.
+    Forward(NodeId),
+    Drop,
+}
+
+/// Rebuilds `graph` node by node; `f` sees each node with its inputs already remapped.
+fn rewrite(graph: &Graph, mut f: impl FnMut(&Graph, usize, &Node) -> Action) -> Graph {
+    let mut out = Graph::default();
+    let mut map: Vec<Option<NodeId>> = Vec::with_capacity(graph.nodes.len());
+    for (index, node) in graph.nodes.iter().enumerate() {
+        let mut node = node.clone();
+        let inputs: Option<Vec<NodeId>> = node.inputs.iter().map(|i| map[i.index()]).collect();
+        let Some(inputs) = inputs else {
+            map.push(None); // an input was dropped, so this node is dead too
+            continue;
+        };
+        node.inputs = inputs;
+        map.push(match f(&out, index, &node) {
+            Action::Keep(node) => {
+                out.nodes.push(node);
+                Some(NodeId(out.nodes.len() as u32 - 1))
+            }
+            Action::Forward(id) => Some(id),
+            Action::Drop => None,
+        });
+    }
+    out.outputs = graph.outputs.iter().map(|o| map[o.index()].expect("outputs are never dropped")).collect();
+    out
+}
+
+/// True when every value of `from` converts to `to` and back unchanged.
+pub fn widens_exactly(from: DType, to: DType) -> bool {
+    use DType::*;
+    from == to
+        || match from {
+            Bool => true,
+            U8 => matches!(to, U32 | I32 | F16 | BF16 | F32),
+            F16 | BF16 => to == F32,
+            U32 | I32 | F32 => false,
+        }
+}
+
+/// Drops `AsType` to the dtype a value already has, and `x → wider → x` round trips.
+pub fn remove_noop_astype(graph: &Graph) -> Result<Graph> {
+    Ok(rewrite(graph, |g, _, node| {
+        if !matches!(node.op, Op::AsType) {
+            return Action::Keep(node.clone());
+        }
+        let src = g.node(node.inputs[0]);
+        if src.dtype == node.dtype {
+            return Action::Forward(node.inputs[0]);
+        }
+        if matches!(src.op, Op::AsType) {
+            let orig = src.inputs[0];
+            if g.node(orig).dtype == node.dtype && widens_exactly(node.dtype, src.dtype) {
+                return Action::Forward(orig);
+            }
+        }
+        Action::Keep(node.clone())
+    }))
+}
+
+/// Replaces `AsType(constant)` with the converted constant, computed once here.
+pub fn fold_constant_astype(graph: &Graph) -> Result<Graph> {
+    Ok(rewrite(graph, |g, _, node| {
+        if !matches!(node.op, Op::AsType) {
+            return Action::Keep(node.clone());
+        }
+        let src = g.node(node.inputs[0]);
+        let op = match &src.op {
+            Op::Constant { data } => Op::Constant { data: data.convert(node.dtype) },
+            Op::Parameter { name, data } => Op::Parameter { name: name.clone(), data: data.convert(node.dtype) },
+            _ => return Action::Keep(node.clone()),
+        };
+        Action::Keep(Node { op, inputs: vec![], ..node.clone() })
+    }))
+}
+
+/// Removes nodes that no output depends on. Inputs and states stay: they are the graph's
+/// interface, and side-effecting nodes (cache writes) stay with what they read.
+pub fn dead_node_elimination(graph: &Graph) -> Result<Graph> {
+    let mut live = vec![false; graph.nodes.len()];
+    for o in &graph.outputs {
+        live[o.index()] = true;
+    }
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if node.op.has_side_effect() || matches!(node.op, Op::Input { .. } | Op::State { .. }) {
+            live[i] = true;
+        }
+    }
+    for i in (0..graph.nodes.len()).rev() {
+        if live[i] {
+            for input in &graph.nodes[i].inputs {
+                live[input.index()] = true;
+            }
+        }
+    }
+    Ok(rewrite(graph, |_, index, node| {
+        if live[index] {
+            Action::Keep(node.clone())
+        } else {
+            Action::Drop
+        }
+    }))
+}
