@@ -58,7 +58,9 @@ impl Weights {
         Ok(Weights {
             embed: HostTensor::from_f32(DType::BF16, &[c.vocab, d], &rng.signed_vec(c.vocab * d, 1.0))?,
             lm_head: quantized(&mut rng, c.vocab, d)?,
-            norms: (0..2 * c.layers + 1).map(|_| HostTensor::from_f32(DType::F32, &[d], &ones)).collect::<Result<_, _>>()?,
+            norms: (0..2 * c.layers + 1)
+                .map(|_| HostTensor::from_f32(DType::F32, &[d], &ones))
+                .collect::<Result<_, _>>()?,
             linears,
         })
     }
@@ -73,7 +75,9 @@ fn build_step(c: &DemoConfig, w: &Weights, t: usize) -> Result<Graph> {
     let positions = b.input("positions", DType::I32, &[t]);
     let offset = b.input("offset", DType::I32, &[]);
     let kv_len = b.add_scalar(offset, t as f32)?;
-    let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+    let inv_freq: Vec<f32> = (0..hd / 2)
+        .map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32))
+        .collect();
     let inv_freq = b.constant(HostTensor::from_f32(DType::F32, &[hd / 2], &inv_freq)?);
     let embed = b.parameter("embed_tokens.weight", w.embed.clone());
     let x = b.gather(embed, tokens)?;
@@ -83,7 +87,11 @@ fn build_step(c: &DemoConfig, w: &Weights, t: usize) -> Result<Graph> {
         let lin = &w.linears[l];
         let linear = |b: &mut GraphBuilder, h: NodeId, k: usize, name: &str| -> Result<NodeId> {
             let (q, s, z) = &lin[k];
-            let (q, s, z) = (b.parameter(name, q.clone()), b.parameter(name, s.clone()), b.parameter(name, z.clone()));
+            let (q, s, z) = (
+                b.parameter(name, q.clone()),
+                b.parameter(name, s.clone()),
+                b.parameter(name, z.clone()),
+            );
             let y = b.quantized_matmul(h, q, s, z, BITS, GROUP)?;
             Ok(b.name(y, name))
         };
@@ -125,7 +133,11 @@ fn build_step(c: &DemoConfig, w: &Weights, t: usize) -> Result<Graph> {
     let last = b.slice_axis(x, 1, t - 1, t)?;
     let h = b.rms_norm(last, norm, 1e-5, false)?;
     let (q, s, z) = &w.lm_head;
-    let (q, s, z) = (b.parameter("lm_head", q.clone()), b.parameter("lm_head", s.clone()), b.parameter("lm_head", z.clone()));
+    let (q, s, z) = (
+        b.parameter("lm_head", q.clone()),
+        b.parameter("lm_head", s.clone()),
+        b.parameter("lm_head", z.clone()),
+    );
     let logits = b.quantized_matmul(h, q, s, z, BITS, GROUP)?;
     let logits = b.reshape(logits, &[1, c.vocab])?;
     let next = b.argmax(logits, -1)?;
@@ -143,14 +155,27 @@ pub struct DemoReport {
 
 pub fn run(c: &DemoConfig, backend: &dyn Backend, prompt: &[i32], steps: usize) -> Result<DemoReport> {
     ensure!(!prompt.is_empty(), "the prompt needs at least one token");
-    ensure!(prompt.len() + steps <= c.capacity, "prompt plus steps exceed the KV capacity {}", c.capacity);
-    ensure!(c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && c.dim % GROUP == 0, "inconsistent demo shape");
+    ensure!(
+        prompt.len() + steps <= c.capacity,
+        "prompt plus steps exceed the KV capacity {}",
+        c.capacity
+    );
+    ensure!(
+        c.dim.is_multiple_of(c.heads)
+            && c.heads.is_multiple_of(c.kv_heads)
+            && c.dim.is_multiple_of(GROUP)
+            && (c.dim / c.heads).is_multiple_of(2),
+        "inconsistent demo shape"
+    );
     let w = Weights::random(c)?;
     let passes = mlxcel_core::passes::default_passes();
     let prefill = mlxcel_core::passes::run_passes(&build_step(c, &w, prompt.len())?, &passes)?;
     let decode = mlxcel_core::passes::run_passes(&build_step(c, &w, 1)?, &passes)?;
     let mut session = backend.new_session()?;
-    let (pid, did) = (session.load(&prefill, CompileOptions::default())?, session.load(&decode, CompileOptions::default())?);
+    let (pid, did) = (
+        session.load(&prefill, CompileOptions::default())?,
+        session.load(&decode, CompileOptions::default())?,
+    );
     let step_inputs = |tokens: &[i32], offset: usize| -> Result<Vec<HostTensor>> {
         let positions: Vec<i32> = (offset..offset + tokens.len()).map(|p| p as i32).collect();
         Ok(vec![
@@ -171,7 +196,14 @@ pub fn run(c: &DemoConfig, backend: &dyn Backend, prompt: &[i32], steps: usize) 
         generated.push(next);
     }
     let decode_s = start.elapsed().as_secs_f64();
-    Ok(DemoReport { prompt: prompt.to_vec(), generated, decode_graph: decode, prefill_s, decode_s, memory: session.memory() })
+    Ok(DemoReport {
+        prompt: prompt.to_vec(),
+        generated,
+        decode_graph: decode,
+        prefill_s,
+        decode_s,
+        memory: session.memory(),
+    })
 }
 
 pub fn print_report(r: &DemoReport) {

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use mlxcel_core::{Backend, DType};
 
 #[derive(Parser)]
-#[command(name = "mlxcel", version, about = "Run large language models on NVIDIA GPUs and the CPU")]
+#[command(
+    name = "mlxcel",
+    version,
+    about = "Run large language models on NVIDIA GPUs and the CPU"
+)]
 struct Cli {
     /// Where to run.
     #[arg(long, global = true, value_enum, default_value_t = Device::Auto)]
@@ -68,14 +72,28 @@ fn backend(device: Device) -> Result<Box<dyn Backend>> {
 
 fn parse_ids(s: &str) -> Result<Vec<i32>> {
     s.split(',')
-        .map(|t| t.trim().parse::<i32>().with_context(|| format!("bad token id {t:?} in --prompt-tokens")))
+        .map(|t| {
+            t.trim()
+                .parse::<i32>()
+                .with_context(|| format!("bad token id {t:?} in --prompt-tokens"))
+        })
         .collect()
 }
 
 fn run(cli: Cli) -> Result<()> {
     let backend = backend(cli.device)?;
     match cli.command {
-        Command::Demo { layers, dim, heads, kv_heads, vocab, steps, dtype, prompt_tokens, export_dot } => {
+        Command::Demo {
+            layers,
+            dim,
+            heads,
+            kv_heads,
+            vocab,
+            steps,
+            dtype,
+            prompt_tokens,
+            export_dot,
+        } => {
             let activations = match DType::parse(&dtype) {
                 Some(d) if d.is_float() => d,
                 _ => bail!("--dtype {dtype}: expected f32, f16 or bf16"),
@@ -88,7 +106,15 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("--layers, --dim, --heads and --kv-heads must be positive");
             }
             let capacity = prompt.len() + steps;
-            let config = demo::DemoConfig { layers, dim, heads, kv_heads, vocab, capacity, activations };
+            let config = demo::DemoConfig {
+                layers,
+                dim,
+                heads,
+                kv_heads,
+                vocab,
+                capacity,
+                activations,
+            };
             let report = demo::run(&config, backend.as_ref(), &prompt, steps)?;
             if let Some(path) = export_dot {
                 std::fs::write(&path, mlxcel_core::stats::to_dot(&report.decode_graph))

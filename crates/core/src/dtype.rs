@@ -67,9 +67,7 @@ impl DType {
     }
 
     pub fn parse(s: &str) -> Option<DType> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s || d.short() == s)
+        DType::ALL.into_iter().find(|d| d.name() == s || d.short() == s)
     }
 }
 
@@ -107,13 +105,13 @@ const fn to(d: DType) -> Promotion {
 /// Checked against `mlx.core` 0.32: `(zeros(1, a) + zeros(1, b)).dtype`.
 const TABLE: [[Promotion; 7]; 7] = [
     //     bool      u8        u32       i32       f16       bf16      f32
-    [to(B), to(U), to(W), to(I), to(H), to(BF), to(F)], // bool
-    [to(U), to(U), to(W), to(I), to(H), to(BF), to(F)], // u8
-    [to(W), to(W), to(W), I64, to(H), to(BF), to(F)],   // u32
-    [to(I), to(I), I64, to(I), to(H), to(BF), to(F)],   // i32
-    [to(H), to(H), to(H), to(H), to(H), to(F), to(F)],  // f16
+    [to(B), to(U), to(W), to(I), to(H), to(BF), to(F)],     // bool
+    [to(U), to(U), to(W), to(I), to(H), to(BF), to(F)],     // u8
+    [to(W), to(W), to(W), I64, to(H), to(BF), to(F)],       // u32
+    [to(I), to(I), I64, to(I), to(H), to(BF), to(F)],       // i32
+    [to(H), to(H), to(H), to(H), to(H), to(F), to(F)],      // f16
     [to(BF), to(BF), to(BF), to(BF), to(F), to(BF), to(F)], // bf16
-    [to(F), to(F), to(F), to(F), to(F), to(F), to(F)],  // f32
+    [to(F), to(F), to(F), to(F), to(F), to(F), to(F)],      // f32
 ];
 
 fn index(d: DType) -> usize {

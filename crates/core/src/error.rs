@@ -23,5 +23,8 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> Error {
-    Error::Shape { op, detail: detail.into() }
+    Error::Shape {
+        op,
+        detail: detail.into(),
+    }
 }

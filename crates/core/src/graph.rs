@@ -65,7 +65,9 @@ impl Graph {
 
     /// Runtime inputs in node order; a run takes its inputs in this order.
     pub fn inputs(&self) -> Vec<NodeId> {
-        self.ids().filter(|&id| matches!(self.node(id).op, Op::Input { .. })).collect()
+        self.ids()
+            .filter(|&id| matches!(self.node(id).op, Op::Input { .. }))
+            .collect()
     }
 
     pub fn input_names(&self) -> Vec<&str> {
@@ -80,7 +82,9 @@ impl Graph {
 
     /// Persistent state nodes (KV caches) in node order.
     pub fn states(&self) -> Vec<NodeId> {
-        self.ids().filter(|&id| matches!(self.node(id).op, Op::State { .. })).collect()
+        self.ids()
+            .filter(|&id| matches!(self.node(id).op, Op::State { .. }))
+            .collect()
     }
 
     /// For each node, the index of the last node that reads it (itself if none does); graph

@@ -66,14 +66,23 @@ pub enum ReduceOp {
 pub enum Op {
     // ---- leaves ----
     /// A weight: bytes fixed for the life of the graph.
-    Parameter { name: String, data: HostTensor },
+    Parameter {
+        name: String,
+        data: HostTensor,
+    },
     /// A small literal (scalars, frequency tables).
-    Constant { data: HostTensor },
+    Constant {
+        data: HostTensor,
+    },
     /// A value supplied on every run (token ids, positions, KV length).
-    Input { name: String },
+    Input {
+        name: String,
+    },
     /// A persistent buffer that outlives a run (the KV cache), zero at first, shared by name
     /// between graphs of one session.
-    State { name: String },
+    State {
+        name: String,
+    },
 
     // ---- elementwise (all operands already share one dtype and shape) ----
     Unary(UnaryOp),
@@ -86,64 +95,116 @@ pub enum Op {
     AsType,
 
     // ---- reductions over one axis ----
-    Reduce { op: ReduceOp, axis: usize, keepdims: bool },
-    Softmax { axis: usize },
+    Reduce {
+        op: ReduceOp,
+        axis: usize,
+        keepdims: bool,
+    },
+    Softmax {
+        axis: usize,
+    },
     /// Inclusive prefix sum along `axis`.
-    CumSum { axis: usize, reverse: bool },
+    CumSum {
+        axis: usize,
+        reverse: bool,
+    },
 
     // ---- linear algebra (weight operands may be any float dtype: kernels widen on load) ----
     /// `a [.., M, K] @ b [.., K, N]`, or `b [.., N, K]` transposed. `b` may be rank 2 (shared).
-    MatMul { transpose_b: bool },
+    MatMul {
+        transpose_b: bool,
+    },
     /// `x [.., K] @ dequant(w)ᵀ` with inputs `[x, w (u32 [N, K·bits/32]), scales [N, K/g],
     /// biases [N, K/g]]`; MLX's layout: element `j` of a row sits in word `j·bits/32` at bit
     /// `(j mod 32/bits)·bits`, and `w = q·scale + bias` per group of `g` along K.
-    QuantizedMatMul { bits: u32, group_size: usize },
+    QuantizedMatMul {
+        bits: u32,
+        group_size: usize,
+    },
     /// MoE experts: inputs `[x [.., X, K], w [E, N, K·bits/32], scales [E, N, K/g], biases,
     /// ids [.., k]]` with `X` 1 (shared input) or `k`; output `[.., k, N]`.
-    GatherQuantizedMatMul { bits: u32, group_size: usize },
+    GatherQuantizedMatMul {
+        bits: u32,
+        group_size: usize,
+    },
 
     // ---- fused NN ops ----
     /// `x · rsqrt(mean(x²) + eps) · w`, or `· (1 + w)` with `unit_offset` (Gemma).
-    RmsNorm { eps: f32, unit_offset: bool },
+    RmsNorm {
+        eps: f32,
+        unit_offset: bool,
+    },
     /// Inputs `[x, weight?, bias?]` as flagged.
-    LayerNorm { eps: f32, has_weight: bool, has_bias: bool },
+    LayerNorm {
+        eps: f32,
+        has_weight: bool,
+        has_bias: bool,
+    },
     /// Rotary embedding of `x [B, H, T, D]` at `positions` (`i32 [T]` or `[B, T]`) with
     /// `inv_freq [dims/2]`: angle = position · scale · inv_freq[i]. Half-split pairs
     /// `(i, i + dims/2)`, or interleaved pairs `(2i, 2i+1)`. Channels past `dims` pass through.
-    Rope { dims: usize, interleaved: bool, scale: f32 },
+    Rope {
+        dims: usize,
+        interleaved: bool,
+        scale: f32,
+    },
     /// Scaled dot-product attention of `q [B, Hq, T, D]` over cached `k [B, Hkv, S, D]`,
     /// `v [B, Hkv, S, Dv]`, of which the first `kv_len` (`i32 []` or `[B]`) are valid; query `t`
     /// sits at position `kv_len - T + t`. GQA by `Hq / Hkv`.
-    Attention { scale: f32, causal: bool, window: Option<usize>, softcap: Option<f32> },
+    Attention {
+        scale: f32,
+        causal: bool,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    },
     /// Writes `new [B, H, T, D]` into the cache state `[B, H, S, D]` at position `pos`
     /// (`i32 []` or `[B]`). Its value is the updated cache (same buffer).
     KvWrite,
     /// Embedding lookup: `table [V, D]`, `ids [..]` → `[.., D]`.
     Gather,
     /// Quantized embedding lookup: inputs `[w, scales, biases, ids]`.
-    QuantizedGather { bits: u32, group_size: usize },
+    QuantizedGather {
+        bits: u32,
+        group_size: usize,
+    },
     /// `out[.., i, ..] = x[.., idx[.., i, ..], ..]` along `axis`.
-    TakeAlongAxis { axis: usize },
+    TakeAlongAxis {
+        axis: usize,
+    },
 
     // ---- layout ----
     Reshape,
-    Transpose { perm: Vec<usize> },
+    Transpose {
+        perm: Vec<usize>,
+    },
     /// Static strided slice per axis: `start..end` by `step`.
-    Slice { start: Vec<usize>, end: Vec<usize>, step: Vec<usize> },
-    Concat { axis: usize },
+    Slice {
+        start: Vec<usize>,
+        end: Vec<usize>,
+        step: Vec<usize>,
+    },
+    Concat {
+        axis: usize,
+    },
     /// To the node's shape, numpy rules (the input has the same rank, size-1 axes stretch).
     Broadcast,
 
     // ---- sorting ----
     /// Indices (`u32`) of the `k` largest along the last axis, largest first, ties by index.
-    TopK { k: usize },
+    TopK {
+        k: usize,
+    },
     /// Stable sort indices (`u32`) along the last axis.
-    ArgSort { descending: bool },
+    ArgSort {
+        descending: bool,
+    },
 
     // ---- sampling ----
     /// Gumbel-max draw from `logits [B, V]`; inputs `[logits, counter (u32 [])]`. Noise comes
     /// from [`crate::rng`] keyed by `(seed, counter, row, column)`, so every backend draws alike.
-    SampleCategorical { seed: u64 },
+    SampleCategorical {
+        seed: u64,
+    },
 }
 
 impl Op {
@@ -220,12 +281,18 @@ impl Op {
     }
 
     pub fn is_leaf(&self) -> bool {
-        matches!(self, Op::Parameter { .. } | Op::Constant { .. } | Op::Input { .. } | Op::State { .. })
+        matches!(
+            self,
+            Op::Parameter { .. } | Op::Constant { .. } | Op::Input { .. } | Op::State { .. }
+        )
     }
 
     /// Ops whose operands share the output's dtype and shape exactly.
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::AsType)
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::AsType
+        )
     }
 
     /// Ops whose bytes-in equal bytes-out, so a backend may alias input and output.

@@ -14,9 +14,18 @@ pub struct Pass {
 /// The passes every graph goes through before a backend plans it, in order.
 pub fn default_passes() -> Vec<Pass> {
     vec![
-        Pass { name: "remove_noop_astype", run: remove_noop_astype },
-        Pass { name: "fold_constant_astype", run: fold_constant_astype },
-        Pass { name: "dead_node_elimination", run: dead_node_elimination },
+        Pass {
+            name: "remove_noop_astype",
+            run: remove_noop_astype,
+        },
+        Pass {
+            name: "fold_constant_astype",
+            run: fold_constant_astype,
+        },
+        Pass {
+            name: "dead_node_elimination",
+            run: dead_node_elimination,
+        },
     ]
 }
 
@@ -58,7 +67,11 @@ fn rewrite(graph: &Graph, mut f: impl FnMut(&Graph, usize, &Node) -> Action) -> 
             Action::Drop => None,
         });
     }
-    out.outputs = graph.outputs.iter().map(|o| map[o.index()].expect("outputs are never dropped")).collect();
+    out.outputs = graph
+        .outputs
+        .iter()
+        .map(|o| map[o.index()].expect("outputs are never dropped"))
+        .collect();
     out
 }
 
@@ -102,11 +115,20 @@ pub fn fold_constant_astype(graph: &Graph) -> Result<Graph> {
         }
         let src = g.node(node.inputs[0]);
         let op = match &src.op {
-            Op::Constant { data } => Op::Constant { data: data.convert(node.dtype) },
-            Op::Parameter { name, data } => Op::Parameter { name: name.clone(), data: data.convert(node.dtype) },
+            Op::Constant { data } => Op::Constant {
+                data: data.convert(node.dtype),
+            },
+            Op::Parameter { name, data } => Op::Parameter {
+                name: name.clone(),
+                data: data.convert(node.dtype),
+            },
             _ => return Action::Keep(node.clone()),
         };
-        Action::Keep(Node { op, inputs: vec![], ..node.clone() })
+        Action::Keep(Node {
+            op,
+            inputs: vec![],
+            ..node.clone()
+        })
     }))
 }
 

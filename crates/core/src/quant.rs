@@ -24,7 +24,7 @@ pub struct Quantized {
 /// multiple of `group_size` and of `32 / bits`.
 pub fn quantize(w: &[f32], rows: usize, cols: usize, bits: u32, group_size: usize) -> Quantized {
     assert_eq!(w.len(), rows * cols);
-    assert!(cols % group_size == 0 && cols % (32 / bits as usize) == 0);
+    assert!(cols.is_multiple_of(group_size) && cols.is_multiple_of(32 / bits as usize));
     let levels = ((1u32 << bits) - 1) as f32;
     let groups = cols / group_size;
     let per_word = 32 / bits as usize;

@@ -31,7 +31,10 @@ pub struct GraphStats {
 }
 
 pub fn stats(graph: &Graph) -> GraphStats {
-    let mut s = GraphStats { nodes: graph.nodes.len(), ..Default::default() };
+    let mut s = GraphStats {
+        nodes: graph.nodes.len(),
+        ..Default::default()
+    };
     for (i, node) in graph.nodes.iter().enumerate() {
         *s.by_op.entry(node.op.name()).or_default() += 1;
         if let Op::AsType = node.op {
@@ -61,7 +64,7 @@ impl fmt::Display for GraphStats {
             writeln!(f, "  {op:<20} {n}")?;
         }
         // AsType grouped by (origin, source, from → to), most frequent first.
-        let mut groups: BTreeMap<(&str, &str, DType, DType), (usize, Vec<String>)> = BTreeMap::new();
+        let mut groups: BTreeMap<GroupKey, (usize, Vec<String>)> = BTreeMap::new();
         for a in &self.astype {
             let g = groups.entry((a.origin, a.source_op, a.from, a.to)).or_default();
             g.0 += 1;
@@ -70,14 +73,21 @@ impl fmt::Display for GraphStats {
             }
         }
         let mut groups: Vec<_> = groups.into_iter().collect();
-        groups.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.1 .0));
         for ((origin, source, from, to), (n, layers)) in groups {
-            let at = if layers.is_empty() { String::new() } else { format!(" in {}", summarize(&layers)) };
+            let at = if layers.is_empty() {
+                String::new()
+            } else {
+                format!(" in {}", summarize(&layers))
+            };
             writeln!(f, "  astype {from} → {to}: {n}× for {origin} (of {source}){at}")?;
         }
         Ok(())
     }
 }
+
+/// (origin, source op, from, to)
+type GroupKey = (&'static str, &'static str, DType, DType);
 
 fn summarize(layers: &[String]) -> String {
     if layers.len() <= 4 {
@@ -99,7 +109,8 @@ fn color(d: DType) -> &'static str {
 
 /// The graph in Graphviz DOT: nodes coloured by dtype, `AsType` nodes red and doubled.
 pub fn to_dot(graph: &Graph) -> String {
-    let mut s = String::from("digraph mlxcel {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
+    let mut s =
+        String::from("digraph mlxcel {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
     for (i, node) in graph.nodes.iter().enumerate() {
         let mut label = node.op.name().to_string();
         match &node.op {
@@ -110,8 +121,17 @@ pub fn to_dot(graph: &Graph) -> String {
             write!(label, "\\n{n}").unwrap();
         }
         write!(label, "\\n{} {:?}", node.dtype, node.shape).unwrap();
-        let extra = if let Op::AsType = node.op { ", color=red, penwidth=3, peripheries=2" } else { "" };
-        writeln!(s, "  n{i} [label=\"{label}\", fillcolor=\"{}\"{extra}];", color(node.dtype)).unwrap();
+        let extra = if let Op::AsType = node.op {
+            ", color=red, penwidth=3, peripheries=2"
+        } else {
+            ""
+        };
+        writeln!(
+            s,
+            "  n{i} [label=\"{label}\", fillcolor=\"{}\"{extra}];",
+            color(node.dtype)
+        )
+        .unwrap();
         for input in &node.inputs {
             writeln!(s, "  n{} -> n{i};", input.0).unwrap();
         }

@@ -35,7 +35,11 @@ impl Storage {
                 self.len
             )));
         }
-        Ok(Storage { owner: self.owner.clone(), start: self.start + start, len })
+        Ok(Storage {
+            owner: self.owner.clone(),
+            start: self.start + start,
+            len,
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -128,7 +132,11 @@ impl HostTensor {
 
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostTensor {
         let bytes = vec![0u8; numel(shape) * dtype.size()];
-        HostTensor { dtype, shape: shape.to_vec(), data: Storage::from_vec(bytes) }
+        HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            data: Storage::from_vec(bytes),
+        }
     }
 
     pub fn numel(&self) -> usize {
@@ -143,11 +151,26 @@ impl HostTensor {
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let b = self.bytes();
         match self.dtype {
-            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-            DType::F16 => b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
-            DType::BF16 => b.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
-            DType::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-            DType::U32 => b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DType::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            DType::U32 => b
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
             DType::U8 | DType::Bool => b.iter().map(|&v| v as f64).collect(),
         }
     }
@@ -168,7 +191,11 @@ impl HostTensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let matches = T::DTYPE == self.dtype || (T::DTYPE == DType::U8 && self.dtype == DType::Bool);
         if !matches {
-            return Err(Error::DType(format!("tensor is {}, asked for {}", self.dtype, T::DTYPE)));
+            return Err(Error::DType(format!(
+                "tensor is {}, asked for {}",
+                self.dtype,
+                T::DTYPE
+            )));
         }
         Ok(bytemuck::pod_collect_to_vec(self.bytes()))
     }
@@ -217,6 +244,10 @@ impl HostTensor {
         }
         let mut out = vec![0u8; self.numel() * dtype.size()];
         convert_elements(self.dtype, self.bytes(), dtype, &mut out);
-        HostTensor { dtype, shape: self.shape.clone(), data: Storage::from_vec(out) }
+        HostTensor {
+            dtype,
+            shape: self.shape.clone(),
+            data: Storage::from_vec(out),
+        }
     }
 }

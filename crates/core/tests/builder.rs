@@ -24,12 +24,17 @@ fn f16_plus_bf16_casts_both_to_f32() {
     let z = b.add(x, y).unwrap();
     assert_eq!(b.dtype(z), DType::F32);
     let g = b.finish(&[z]);
-    assert_eq!(astypes(&g), vec![(DType::F16, DType::F32, "add"), (DType::BF16, DType::F32, "add")]);
+    assert_eq!(
+        astypes(&g),
+        vec![(DType::F16, DType::F32, "add"), (DType::BF16, DType::F32, "add")]
+    );
 }
 
 #[test]
 fn bf16_policy_casts_the_f32_operand_down() {
-    let policy = PromotionPolicy { bf16_wins_over_f32: true };
+    let policy = PromotionPolicy {
+        bf16_wins_over_f32: true,
+    };
     let mut b = GraphBuilder::new(BuilderOptions { promotion: policy });
     let x = b.input("x", DType::BF16, &[4]);
     let y = b.input("y", DType::F32, &[4]);
@@ -106,7 +111,10 @@ fn shape_errors_name_the_op_and_shapes() {
     let x = b.input("x", DType::F32, &[2, 3]);
     let w = b.input("w", DType::F32, &[4, 5]);
     let e = err(b.matmul(x, w));
-    assert!(e.starts_with("matmul:") && e.contains("[2, 3]") && e.contains("[4, 5]"), "{e}");
+    assert!(
+        e.starts_with("matmul:") && e.contains("[2, 3]") && e.contains("[4, 5]"),
+        "{e}"
+    );
     let e = err(b.reshape(x, &[7]));
     assert!(e.contains("reshape") && e.contains("[7]"), "{e}");
     let e = err(b.transpose(x, &[0, 0]));

@@ -10,7 +10,15 @@ fn count(g: &Graph, name: &str) -> usize {
 /// An `AsType` the builder would never make (it skips same-dtype casts), pushed by hand.
 fn push_cast(g: &mut Graph, x: NodeId, dtype: DType) -> NodeId {
     let shape = g.node(x).shape.clone();
-    g.nodes.push(Node { op: Op::AsType, inputs: vec![x], shape, dtype, layer: None, name: None, origin: "test" });
+    g.nodes.push(Node {
+        op: Op::AsType,
+        inputs: vec![x],
+        shape,
+        dtype,
+        layer: None,
+        name: None,
+        origin: "test",
+    });
     NodeId(g.nodes.len() as u32 - 1)
 }
 
@@ -38,7 +46,9 @@ fn casts_of_constants_fold_into_the_constant() {
     let g = b.finish(&[h]);
     let out = dead_node_elimination(&fold_constant_astype(&g).unwrap()).unwrap();
     assert_eq!(out.nodes.len(), 1);
-    let Op::Constant { data } = &out.nodes[0].op else { panic!("expected a constant") };
+    let Op::Constant { data } = &out.nodes[0].op else {
+        panic!("expected a constant")
+    };
     assert_eq!(data.dtype, DType::BF16);
     assert_eq!(data.to_f32_vec(), vec![1.0, 2.5, -3.0]);
 }

@@ -64,7 +64,9 @@ cell!(f32_f32, F32, F32, Promotion::To(F32));
 
 #[test]
 fn bf16_policy_keeps_bf16_with_f32() {
-    let p = PromotionPolicy { bf16_wins_over_f32: true };
+    let p = PromotionPolicy {
+        bf16_wins_over_f32: true,
+    };
     assert_eq!(promote(BF16, F32, p), Promotion::To(BF16));
     assert_eq!(promote(F32, BF16, p), Promotion::To(BF16));
     // Only that pair changes.
@@ -76,7 +78,10 @@ fn bf16_policy_keeps_bf16_with_f32() {
 fn table_is_symmetric() {
     for a in mlxcel_core::DType::ALL {
         for b in mlxcel_core::DType::ALL {
-            assert_eq!(promote(a, b, PromotionPolicy::default()), promote(b, a, PromotionPolicy::default()));
+            assert_eq!(
+                promote(a, b, PromotionPolicy::default()),
+                promote(b, a, PromotionPolicy::default())
+            );
         }
     }
 }

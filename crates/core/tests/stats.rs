@@ -23,13 +23,22 @@ fn stats_count_ops_and_explain_each_astype() {
     assert_eq!(s.by_op["astype"], 2);
     assert_eq!(s.by_op["mul"], 1);
     let first = &s.astype[0];
-    assert_eq!((first.from, first.to, first.origin, first.source_op), (DType::BF16, DType::F32, "mul", "parameter"));
+    assert_eq!(
+        (first.from, first.to, first.origin, first.source_op),
+        (DType::BF16, DType::F32, "mul", "parameter")
+    );
     assert_eq!(first.layer, Some(3));
     assert_eq!(first.tensor.as_deref(), Some("layers.3.w"));
     let last = &s.astype[1];
-    assert_eq!((last.from, last.to, last.origin, last.source_op, last.layer), (DType::F32, DType::F16, "astype", "exp", None));
+    assert_eq!(
+        (last.from, last.to, last.origin, last.source_op, last.layer),
+        (DType::F32, DType::F16, "astype", "exp", None)
+    );
     let text = s.to_string();
-    assert!(text.contains("astype bf16 → f32: 1× for mul (of parameter) in L3"), "{text}");
+    assert!(
+        text.contains("astype bf16 → f32: 1× for mul (of parameter) in L3"),
+        "{text}"
+    );
 }
 
 #[test]

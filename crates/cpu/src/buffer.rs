@@ -14,7 +14,10 @@ pub struct AlignedBuf {
 
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
-        AlignedBuf { words: vec![0; len.div_ceil(8)], len }
+        AlignedBuf {
+            words: vec![0; len.div_ceil(8)],
+            len,
+        }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> AlignedBuf {
@@ -176,8 +179,14 @@ impl<'a> In<'a> {
         let n = dst.len();
         match self {
             In::F32(s) => dst.copy_from_slice(&s[start..start + n]),
-            In::F16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
-            In::BF16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
+            In::F16(s) => dst
+                .iter_mut()
+                .zip(&s[start..start + n])
+                .for_each(|(d, v)| *d = v.to_f32()),
+            In::BF16(s) => dst
+                .iter_mut()
+                .zip(&s[start..start + n])
+                .for_each(|(d, v)| *d = v.to_f32()),
             _ => {
                 for (k, d) in dst.iter_mut().enumerate() {
                     *d = self.get_f64(start + k) as f32;
@@ -193,8 +202,14 @@ impl Out<'_> {
         let n = src.len();
         match self {
             Out::F32(d) => d[start..start + n].copy_from_slice(src),
-            Out::F16(d) => d[start..start + n].iter_mut().zip(src).for_each(|(d, &v)| *d = f16::from_f32(v)),
-            Out::BF16(d) => d[start..start + n].iter_mut().zip(src).for_each(|(d, &v)| *d = bf16::from_f32(v)),
+            Out::F16(d) => d[start..start + n]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = f16::from_f32(v)),
+            Out::BF16(d) => d[start..start + n]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = bf16::from_f32(v)),
             _ => unreachable!("store_f32 on an integer output"),
         }
     }

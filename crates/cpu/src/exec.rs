@@ -9,7 +9,9 @@ use crate::kernels::{attention, elementwise, index, layout, matmul, norm, quant,
 pub fn check_supported(node: &Node) -> Result<()> {
     let ok = match &node.op {
         Op::Unary(u) => node.dtype.is_float() || (!u.needs_float() && node.dtype.is_integer()),
-        Op::Binary(_) | Op::Reduce { .. } | Op::CumSum { .. } => node.dtype != DType::Bool || node.op.name() == "argmax",
+        Op::Binary(_) | Op::Reduce { .. } | Op::CumSum { .. } => {
+            node.dtype != DType::Bool || node.op.name() == "argmax"
+        }
         Op::Softmax { .. } | Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::Rope { .. } => node.dtype.is_float(),
         Op::MatMul { .. } | Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } => node.dtype.is_float(),
         Op::Attention { .. } | Op::QuantizedGather { .. } => node.dtype.is_float(),
@@ -18,7 +20,10 @@ pub fn check_supported(node: &Node) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Unsupported { backend: "cpu", op: format!("{} producing {}", node.op.name(), node.dtype) })
+        Err(Error::Unsupported {
+            backend: "cpu",
+            op: format!("{} producing {}", node.op.name(), node.dtype),
+        })
     }
 }
 
@@ -65,23 +70,44 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
             quant::gather_rows(&q, v(3), o)
         }
         Op::RmsNorm { eps, unit_offset } => norm::rms_norm(v(0), v(1), *eps, *unit_offset, o),
-        Op::LayerNorm { eps, has_weight, has_bias } => {
+        Op::LayerNorm {
+            eps,
+            has_weight,
+            has_bias,
+        } => {
             let w = has_weight.then(|| v(1));
             let b = has_bias.then(|| v(1 + usize::from(*has_weight)));
             norm::layer_norm(v(0), *shape(0).last().unwrap(), w, b, *eps, o)
         }
-        Op::Rope { dims, interleaved, scale } => {
-            rope::rope(v(0), shape(0), v(1), shape(1), v(2), *dims, *interleaved, *scale, o)
-        }
-        Op::Attention { scale, causal, window, softcap } => {
-            let p = attention::Params { scale: *scale, causal: *causal, window: *window, softcap: *softcap };
+        Op::Rope {
+            dims,
+            interleaved,
+            scale,
+        } => rope::rope(v(0), shape(0), v(1), shape(1), v(2), *dims, *interleaved, *scale, o),
+        Op::Attention {
+            scale,
+            causal,
+            window,
+            softcap,
+        } => {
+            let p = attention::Params {
+                scale: *scale,
+                causal: *causal,
+                window: *window,
+                softcap: *softcap,
+            };
             attention::attention(v(0), shape(0), v(1), v(2), shape(1), shape(2)[3], v(3), &p, o)
         }
         Op::KvWrite => attention::kv_write(out, &node.shape, ins[1], shape(1), v(2), node.dtype.size()),
         Op::Gather => index::gather(ins[0], shape(0), v(1), out, node.dtype.size()),
-        Op::TakeAlongAxis { axis } => {
-            index::take_along_axis(ins[0], reduce_dims(shape(0), *axis), v(1), shape(1)[*axis], out, node.dtype.size())
-        }
+        Op::TakeAlongAxis { axis } => index::take_along_axis(
+            ins[0],
+            reduce_dims(shape(0), *axis),
+            v(1),
+            shape(1)[*axis],
+            out,
+            node.dtype.size(),
+        ),
         Op::TopK { k } => index::topk(v(0), *shape(0).last().unwrap(), *k, o),
         Op::ArgSort { descending } => index::argsort(v(0), *shape(0).last().unwrap(), *descending, o),
         Op::SampleCategorical { seed } => index::sample_categorical(v(0), shape(0), v(1), *seed, o),
@@ -104,4 +130,3 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
         }
     }
 }
-

@@ -44,7 +44,7 @@ enum Leaf {
 
 impl Leaf {
     fn new(data: &HostTensor) -> Leaf {
-        if (data.bytes().as_ptr() as usize) % data.dtype.size() == 0 {
+        if (data.bytes().as_ptr() as usize).is_multiple_of(data.dtype.size()) {
             Leaf::Host(data.clone())
         } else {
             Leaf::Copied(AlignedBuf::from_bytes(data.bytes()))
@@ -75,7 +75,9 @@ pub struct CpuSession {
 
 impl CpuSession {
     fn state_for(&mut self, node: &Node) -> Result<usize> {
-        let Op::State { name } = &node.op else { unreachable!("called on state nodes") };
+        let Op::State { name } = &node.op else {
+            unreachable!("called on state nodes")
+        };
         if let Some(i) = self.states.iter().position(|s| &s.name == name) {
             let s = &self.states[i];
             if s.dtype != node.dtype || s.shape != node.shape {
@@ -97,7 +99,9 @@ impl CpuSession {
     }
 
     fn loaded(&self, id: GraphId) -> Result<&Loaded> {
-        self.graphs.get(id.0).ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))
+        self.graphs
+            .get(id.0)
+            .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))
     }
 
     fn state_index(&self, name: &str) -> Result<usize> {
@@ -141,16 +145,29 @@ impl Session for CpuSession {
                 _ => {}
             }
         }
-        let keep: Vec<bool> = graph.nodes.iter().map(|n| options.keep_named && n.name.is_some()).collect();
+        let keep: Vec<bool> = graph
+            .nodes
+            .iter()
+            .map(|n| options.keep_named && n.name.is_some())
+            .collect();
         let plan = plan::plan(graph, &keep, |i| state_of[i], |i| leaf_of[i]);
         let slots = plan.slot_bytes.iter().map(|&b| AlignedBuf::zeroed(b)).collect();
-        self.graphs.push(Loaded { graph: graph.clone(), plan, leaves, slots, keep_named: options.keep_named });
+        self.graphs.push(Loaded {
+            graph: graph.clone(),
+            plan,
+            leaves,
+            slots,
+            keep_named: options.keep_named,
+        });
         Ok(GraphId(self.graphs.len() - 1))
     }
 
     fn run(&mut self, id: GraphId, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
         let states = &mut self.states;
-        let g = self.graphs.get_mut(id.0).ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
+        let g = self
+            .graphs
+            .get_mut(id.0)
+            .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
         check_inputs(&g.graph, inputs)?;
         let mut next_input = 0;
         for (i, node) in g.graph.nodes.iter().enumerate() {
@@ -158,7 +175,9 @@ impl Session for CpuSession {
             match node.op {
                 Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape => continue,
                 Op::Input { .. } => {
-                    let Loc::Slot(s) = loc else { unreachable!("inputs are planned into slots") };
+                    let Loc::Slot(s) = loc else {
+                        unreachable!("inputs are planned into slots")
+                    };
                     g.slots[s].bytes_mut()[..value_bytes(node)].copy_from_slice(inputs[next_input].bytes());
                     next_input += 1;
                     continue;
@@ -198,7 +217,11 @@ impl Session for CpuSession {
                 other => other,
             })?;
         }
-        Ok(g.graph.outputs.iter().map(|&o| snapshot(g, states, o.index())).collect())
+        Ok(g.graph
+            .outputs
+            .iter()
+            .map(|&o| snapshot(g, states, o.index()))
+            .collect())
     }
 
     fn named_values(&self, id: GraphId) -> Result<Vec<(NodeName, HostTensor)>> {
@@ -216,7 +239,11 @@ impl Session for CpuSession {
 
     fn read_state(&self, name: &str) -> Result<HostTensor> {
         let s = &self.states[self.state_index(name)?];
-        HostTensor::from_bytes(s.dtype, s.shape.clone(), mlxcel_core::tensor::Storage::from_vec(s.buf.bytes().to_vec()))
+        HostTensor::from_bytes(
+            s.dtype,
+            s.shape.clone(),
+            mlxcel_core::tensor::Storage::from_vec(s.buf.bytes().to_vec()),
+        )
     }
 
     fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()> {
@@ -235,7 +262,11 @@ impl Session for CpuSession {
     fn memory(&self) -> MemoryReport {
         let copied = |l: &Leaf| if let Leaf::Copied(b) = l { b.capacity() } else { 0 };
         MemoryReport {
-            planned_bytes: self.graphs.iter().flat_map(|g| g.slots.iter().map(|s| s.capacity())).sum(),
+            planned_bytes: self
+                .graphs
+                .iter()
+                .flat_map(|g| g.slots.iter().map(|s| s.capacity()))
+                .sum(),
             state_bytes: self.states.iter().map(|s| s.buf.capacity()).sum(),
             parameter_bytes: self.graphs.iter().flat_map(|g| g.leaves.iter().map(copied)).sum(),
         }
@@ -246,6 +277,10 @@ impl Session for CpuSession {
 fn snapshot(g: &Loaded, states: &[StateBuf], i: usize) -> HostTensor {
     let node = &g.graph.nodes[i];
     let bytes = read_loc(g.plan.locs[i], &g.leaves, &g.slots, states)[..value_bytes(node)].to_vec();
-    HostTensor::from_bytes(node.dtype, node.shape.clone(), mlxcel_core::tensor::Storage::from_vec(bytes))
-        .expect("planned buffers hold the value's bytes")
+    HostTensor::from_bytes(
+        node.dtype,
+        node.shape.clone(),
+        mlxcel_core::tensor::Storage::from_vec(bytes),
+    )
+    .expect("planned buffers hold the value's bytes")
 }

@@ -9,5 +9,11 @@ fn every_op_case_matches_the_reference_interpreter() {
     let all = cases::all();
     assert!(all.len() > 100, "only {} op cases", all.len());
     let failures = check_cases(&CpuBackend, &all, OpCase::expected);
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
 }

@@ -29,7 +29,10 @@ impl Backend for CudaBackend {
     }
 
     fn check_supported(&self, node: &Node) -> Result<()> {
-        Err(Error::Unsupported { backend: "cuda", op: node.op.name().to_string() })
+        Err(Error::Unsupported {
+            backend: "cuda",
+            op: node.op.name().to_string(),
+        })
     }
 
     fn new_session(&self) -> Result<Box<dyn Session>> {
@@ -41,7 +44,10 @@ impl Backend for CudaBackend {
 mod tests {
     #[test]
     fn says_why_it_cannot_run() {
-        let err = super::CudaBackend::new().err().expect("no CUDA backend yet").to_string();
+        let err = super::CudaBackend::new()
+            .err()
+            .expect("no CUDA backend yet")
+            .to_string();
         assert!(err.contains("CUDA"), "{err}");
     }
 }

@@ -23,16 +23,27 @@ impl GraphBuilder {
         let have = self.shape(x).to_vec();
         let mut seen = vec![false; have.len()];
         let valid = perm.len() == have.len()
-            && perm.iter().all(|&p| p < have.len() && !std::mem::replace(&mut seen[p], true));
+            && perm
+                .iter()
+                .all(|&p| p < have.len() && !std::mem::replace(&mut seen[p], true));
         if !valid {
-            return Err(shape_err("transpose", format!("{perm:?} is not a permutation of the axes of {have:?}")));
+            return Err(shape_err(
+                "transpose",
+                format!("{perm:?} is not a permutation of the axes of {have:?}"),
+            ));
         }
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(x);
         }
         let shape = perm.iter().map(|&p| have[p]).collect();
         let dtype = self.dtype(x);
-        Ok(self.push(Op::Transpose { perm: perm.to_vec() }, vec![x], shape, dtype, "transpose"))
+        Ok(self.push(
+            Op::Transpose { perm: perm.to_vec() },
+            vec![x],
+            shape,
+            dtype,
+            "transpose",
+        ))
     }
 
     /// Swaps two axes (negative axes count from the end).
@@ -48,14 +59,20 @@ impl GraphBuilder {
         let have = self.shape(x).to_vec();
         let rank = have.len();
         if start.len() != rank || end.len() != rank || step.len() != rank {
-            return Err(shape_err("slice", format!("bounds for {} axes given for shape {have:?}", start.len())));
+            return Err(shape_err(
+                "slice",
+                format!("bounds for {} axes given for shape {have:?}", start.len()),
+            ));
         }
         let mut shape = Vec::with_capacity(rank);
         for i in 0..rank {
             if step[i] == 0 || start[i] > end[i] || end[i] > have[i] {
                 return Err(shape_err(
                     "slice",
-                    format!("axis {i}: {}..{} step {} is not within {have:?}", start[i], end[i], step[i]),
+                    format!(
+                        "axis {i}: {}..{} step {} is not within {have:?}",
+                        start[i], end[i], step[i]
+                    ),
                 ));
             }
             shape.push((end[i] - start[i]).div_ceil(step[i]));
@@ -64,7 +81,11 @@ impl GraphBuilder {
             return Ok(x);
         }
         let dtype = self.dtype(x);
-        let op = Op::Slice { start: start.to_vec(), end: end.to_vec(), step: step.to_vec() };
+        let op = Op::Slice {
+            start: start.to_vec(),
+            end: end.to_vec(),
+            step: step.to_vec(),
+        };
         Ok(self.push(op, vec![x], shape, dtype, "slice"))
     }
 
@@ -91,7 +112,10 @@ impl GraphBuilder {
             let s = self.shape(x);
             let fits = s.len() == base.len() && s.iter().zip(&base).enumerate().all(|(i, (a, b))| i == axis || a == b);
             if !fits {
-                return Err(shape_err("concat", format!("shape {s:?} does not fit {base:?} on axis {axis}")));
+                return Err(shape_err(
+                    "concat",
+                    format!("shape {s:?} does not fit {base:?} on axis {axis}"),
+                ));
             }
             total += s[axis];
         }

@@ -30,7 +30,11 @@ impl Default for GraphBuilder {
 
 impl GraphBuilder {
     pub fn new(options: BuilderOptions) -> GraphBuilder {
-        GraphBuilder { graph: Graph::default(), options, layer: None }
+        GraphBuilder {
+            graph: Graph::default(),
+            options,
+            layer: None,
+        }
     }
 
     pub fn options(&self) -> BuilderOptions {
@@ -45,7 +49,10 @@ impl GraphBuilder {
     /// Names `x` (with the current layer) so its value can be dumped after a run.
     pub fn name(&mut self, x: NodeId, name: &str) -> NodeId {
         let layer = self.layer;
-        self.graph.nodes[x.index()].name = Some(NodeName { layer, name: name.to_string() });
+        self.graph.nodes[x.index()].name = Some(NodeName {
+            layer,
+            name: name.to_string(),
+        });
         x
     }
 
@@ -75,7 +82,15 @@ impl GraphBuilder {
         origin: &'static str,
     ) -> NodeId {
         let id = NodeId(self.graph.nodes.len() as u32);
-        self.graph.nodes.push(Node { op, inputs, shape, dtype, layer: self.layer, name: None, origin });
+        self.graph.nodes.push(Node {
+            op,
+            inputs,
+            shape,
+            dtype,
+            layer: self.layer,
+            name: None,
+            origin,
+        });
         id
     }
 
@@ -152,7 +167,16 @@ impl GraphBuilder {
 
     pub fn parameter(&mut self, name: &str, data: HostTensor) -> NodeId {
         let (shape, dtype) = (data.shape.clone(), data.dtype);
-        self.push(Op::Parameter { name: name.to_string(), data }, vec![], shape, dtype, "parameter")
+        self.push(
+            Op::Parameter {
+                name: name.to_string(),
+                data,
+            },
+            vec![],
+            shape,
+            dtype,
+            "parameter",
+        )
     }
 
     pub fn constant(&mut self, data: HostTensor) -> NodeId {
@@ -165,11 +189,23 @@ impl GraphBuilder {
     }
 
     pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> NodeId {
-        self.push(Op::Input { name: name.to_string() }, vec![], shape.to_vec(), dtype, "input")
+        self.push(
+            Op::Input { name: name.to_string() },
+            vec![],
+            shape.to_vec(),
+            dtype,
+            "input",
+        )
     }
 
     pub fn state(&mut self, name: &str, dtype: DType, shape: &[usize]) -> NodeId {
-        self.push(Op::State { name: name.to_string() }, vec![], shape.to_vec(), dtype, "state")
+        self.push(
+            Op::State { name: name.to_string() },
+            vec![],
+            shape.to_vec(),
+            dtype,
+            "state",
+        )
     }
 
     // ---- elementwise ----
@@ -213,7 +249,10 @@ impl GraphBuilder {
     /// `cond ? a : b`, with `a` and `b` promoted together.
     pub fn where_(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId> {
         if self.dtype(cond) != DType::Bool {
-            return Err(Error::DType(format!("where: condition is {}, expected bool", self.dtype(cond))));
+            return Err(Error::DType(format!(
+                "where: condition is {}, expected bool",
+                self.dtype(cond)
+            )));
         }
         let dtype = self.promote2("where", self.dtype(a), self.dtype(b))?;
         let shapes: Vec<Vec<usize>> = [cond, a, b].iter().map(|&x| self.shape(x).to_vec()).collect();
@@ -277,7 +316,10 @@ impl GraphBuilder {
         let rank = self.shape(x).len() as isize;
         let a = if axis < 0 { axis + rank } else { axis };
         if a < 0 || a >= rank {
-            return Err(shape_err(op, format!("axis {axis} out of range for shape {:?}", self.shape(x))));
+            return Err(shape_err(
+                op,
+                format!("axis {axis} out of range for shape {:?}", self.shape(x)),
+            ));
         }
         Ok(a as usize)
     }
@@ -287,7 +329,10 @@ impl GraphBuilder {
         let axis = self.axis(name, x, axis)?;
         let d = self.dtype(x);
         if self.shape(x)[axis] == 0 {
-            return Err(shape_err(name, format!("reducing an empty axis of {:?}", self.shape(x))));
+            return Err(shape_err(
+                name,
+                format!("reducing an empty axis of {:?}", self.shape(x)),
+            ));
         }
         let (x, dtype) = match op {
             ReduceOp::ArgMax => (x, DType::U32),

@@ -35,10 +35,14 @@ fn check_quantized(
     group_size: usize,
 ) -> Result<usize> {
     if !matches!(bits, 2 | 4 | 8) {
-        return Err(Error::Invalid(format!("{op}: {bits}-bit quantization is not supported (2, 4 or 8)")));
+        return Err(Error::Invalid(format!(
+            "{op}: {bits}-bit quantization is not supported (2, 4 or 8)"
+        )));
     }
     if !matches!(group_size, 32 | 64 | 128) {
-        return Err(Error::Invalid(format!("{op}: group size {group_size} is not supported (32, 64 or 128)")));
+        return Err(Error::Invalid(format!(
+            "{op}: group size {group_size} is not supported (32, 64 or 128)"
+        )));
     }
     if w.1 != DType::U32 {
         return Err(Error::DType(format!("{op}: packed weight is {}, expected uint32", w.1)));
@@ -53,7 +57,7 @@ fn check_quantized(
     let k = w_shape[w_shape.len() - 1] * per_word;
     let mut want = w_shape.to_vec();
     *want.last_mut().unwrap() = k / group_size;
-    if k % group_size != 0 || scales.0 != want.as_slice() || biases.0 != want.as_slice() {
+    if !k.is_multiple_of(group_size) || scales.0 != want.as_slice() || biases.0 != want.as_slice() {
         return Err(shape_err(
             op,
             format!(
@@ -98,7 +102,10 @@ impl GraphBuilder {
         };
         if k != kb {
             let t = if transpose_b { "ᵀ" } else { "" };
-            return Err(shape_err("matmul", format!("a {sa:?} @ b{t} {sb:?}: inner sizes {k} and {kb} differ")));
+            return Err(shape_err(
+                "matmul",
+                format!("a {sa:?} @ b{t} {sb:?}: inner sizes {k} and {kb} differ"),
+            ));
         }
         let dtype = self.float_result("matmul", &[self.dtype(a), self.dtype(b)])?;
         let (mut a, mut b) = (a, b);
@@ -135,12 +142,21 @@ impl GraphBuilder {
         )?;
         let (sx, sw) = (self.shape(x).to_vec(), self.shape(w).to_vec());
         if sw.len() != 2 || sx.last() != Some(&k) {
-            return Err(shape_err(op, format!("x {sx:?} does not fit packed weight {sw:?} (K = {k})")));
+            return Err(shape_err(
+                op,
+                format!("x {sx:?} does not fit packed weight {sw:?} (K = {k})"),
+            ));
         }
         let dtype = self.float_result(op, &[self.dtype(x), self.dtype(scales), self.dtype(biases)])?;
         let mut shape = sx;
         *shape.last_mut().unwrap() = sw[0];
-        Ok(self.push(Op::QuantizedMatMul { bits, group_size }, vec![x, w, scales, biases], shape, dtype, op))
+        Ok(self.push(
+            Op::QuantizedMatMul { bits, group_size },
+            vec![x, w, scales, biases],
+            shape,
+            dtype,
+            op,
+        ))
     }
 
     /// Per-token expert matmuls: `x [.., X, K]` (X = 1 or k) with experts `ids [.., k]` of the
@@ -175,7 +191,10 @@ impl GraphBuilder {
             && (sx[sx.len() - 2] == 1 || sx[sx.len() - 2] == top)
             && sx[sx.len() - 1] == k;
         if !fits {
-            return Err(shape_err(op, format!("x {sx:?}, experts {sw:?} (K = {k}) and ids {si:?} do not fit")));
+            return Err(shape_err(
+                op,
+                format!("x {sx:?}, experts {sw:?} (K = {k}) and ids {si:?} do not fit"),
+            ));
         }
         let dtype = self.float_result(op, &[self.dtype(x), self.dtype(scales), self.dtype(biases)])?;
         let mut shape = si;
@@ -188,7 +207,10 @@ impl GraphBuilder {
         check_float(op, "parameter", self.dtype(p))?;
         let d = *self.shape(x).last().unwrap_or(&0);
         if self.shape(p) != [d] {
-            return Err(shape_err(op, format!("parameter {:?} does not match x {:?}", self.shape(p), self.shape(x))));
+            return Err(shape_err(
+                op,
+                format!("parameter {:?} does not match x {:?}", self.shape(p), self.shape(x)),
+            ));
         }
         Ok(())
     }
@@ -213,7 +235,11 @@ impl GraphBuilder {
         }
         let dtype = self.float_result("layer_norm", &dtypes)?;
         let shape = self.shape(x).to_vec();
-        let op = Op::LayerNorm { eps, has_weight: w.is_some(), has_bias: b.is_some() };
+        let op = Op::LayerNorm {
+            eps,
+            has_weight: w.is_some(),
+            has_bias: b.is_some(),
+        };
         Ok(self.push(op, inputs, shape, dtype, "layer_norm"))
     }
 
@@ -236,17 +262,36 @@ impl GraphBuilder {
             return Err(shape_err(op, format!("x {sx:?} must be [B, H, T, D]")));
         }
         let (b, t, d) = (sx[0], sx[2], sx[3]);
-        if dims == 0 || dims % 2 != 0 || dims > d {
-            return Err(shape_err(op, format!("rotary dims {dims} must be even and ≤ head dim {d}")));
+        if dims == 0 || !dims.is_multiple_of(2) || dims > d {
+            return Err(shape_err(
+                op,
+                format!("rotary dims {dims} must be even and ≤ head dim {d}"),
+            ));
         }
         if sp != [t] && sp != [b, t] {
-            return Err(shape_err(op, format!("positions {sp:?} must be [T] or [B, T] for x {sx:?}")));
+            return Err(shape_err(
+                op,
+                format!("positions {sp:?} must be [T] or [B, T] for x {sx:?}"),
+            ));
         }
         if self.shape(inv_freq) != [dims / 2] {
-            return Err(shape_err(op, format!("inv_freq {:?} must be [{}]", self.shape(inv_freq), dims / 2)));
+            return Err(shape_err(
+                op,
+                format!("inv_freq {:?} must be [{}]", self.shape(inv_freq), dims / 2),
+            ));
         }
         let dtype = self.dtype(x);
-        Ok(self.push(Op::Rope { dims, interleaved, scale }, vec![x, positions, inv_freq], sx, dtype, op))
+        Ok(self.push(
+            Op::Rope {
+                dims,
+                interleaved,
+                scale,
+            },
+            vec![x, positions, inv_freq],
+            sx,
+            dtype,
+            op,
+        ))
     }
 
     fn check_len(&self, op: &'static str, what: &str, len: NodeId, batch: usize) -> Result<()> {
@@ -284,18 +329,36 @@ impl GraphBuilder {
             && sk[2] == sv[2]
             && sk[3] == sq[3];
         if !fits {
-            return Err(shape_err(op, format!("q {sq:?}, k {sk:?}, v {sv:?} do not fit [B, Hq, T, D] / [B, Hkv, S, D]")));
+            return Err(shape_err(
+                op,
+                format!("q {sq:?}, k {sk:?}, v {sv:?} do not fit [B, Hq, T, D] / [B, Hkv, S, D]"),
+            ));
         }
         if window == Some(0) {
             return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
         }
         self.check_len(op, "kv_len", kv_len, sq[0])?;
         if self.dtype(k) != self.dtype(v) {
-            return Err(Error::DType(format!("attention: k is {} but v is {}", self.dtype(k), self.dtype(v))));
+            return Err(Error::DType(format!(
+                "attention: k is {} but v is {}",
+                self.dtype(k),
+                self.dtype(v)
+            )));
         }
         let dtype = self.float_result(op, &[self.dtype(q), self.dtype(k)])?;
         let shape = vec![sq[0], sq[1], sq[2], sv[3]];
-        Ok(self.push(Op::Attention { scale, causal, window, softcap }, vec![q, k, v, kv_len], shape, dtype, op))
+        Ok(self.push(
+            Op::Attention {
+                scale,
+                causal,
+                window,
+                softcap,
+            },
+            vec![q, k, v, kv_len],
+            shape,
+            dtype,
+            op,
+        ))
     }
 
     /// Writes `new [B, H, T, D]` into `cache` (a state, or a previous write to one) at `pos`.
@@ -351,12 +414,21 @@ impl GraphBuilder {
         )?;
         check_int(op, "ids", self.dtype(ids))?;
         if self.shape(w).len() != 2 {
-            return Err(shape_err(op, format!("packed table {:?} must be rank 2", self.shape(w))));
+            return Err(shape_err(
+                op,
+                format!("packed table {:?} must be rank 2", self.shape(w)),
+            ));
         }
         let dtype = self.float_result(op, &[self.dtype(scales), self.dtype(biases)])?;
         let mut shape = self.shape(ids).to_vec();
         shape.push(d);
-        Ok(self.push(Op::QuantizedGather { bits, group_size }, vec![w, scales, biases, ids], shape, dtype, op))
+        Ok(self.push(
+            Op::QuantizedGather { bits, group_size },
+            vec![w, scales, biases, ids],
+            shape,
+            dtype,
+            op,
+        ))
     }
 
     pub fn take_along_axis(&mut self, x: NodeId, idx: NodeId, axis: isize) -> Result<NodeId> {
@@ -365,7 +437,10 @@ impl GraphBuilder {
         check_int(op, "indices", self.dtype(idx))?;
         let (sx, si) = (self.shape(x).to_vec(), self.shape(idx).to_vec());
         if sx.len() != si.len() || sx.iter().zip(&si).enumerate().any(|(i, (a, b))| i != axis && a != b) {
-            return Err(shape_err(op, format!("indices {si:?} do not fit x {sx:?} on axis {axis}")));
+            return Err(shape_err(
+                op,
+                format!("indices {si:?} do not fit x {sx:?} on axis {axis}"),
+            ));
         }
         let dtype = self.dtype(x);
         Ok(self.push(Op::TakeAlongAxis { axis }, vec![x, idx], si, dtype, op))
@@ -402,6 +477,12 @@ impl GraphBuilder {
         if s.len() != 2 || s[1] == 0 {
             return Err(shape_err(op, format!("logits {s:?} must be [B, V]")));
         }
-        Ok(self.push(Op::SampleCategorical { seed }, vec![logits, counter], vec![s[0]], DType::U32, op))
+        Ok(self.push(
+            Op::SampleCategorical { seed },
+            vec![logits, counter],
+            vec![s[0]],
+            DType::U32,
+            op,
+        ))
     }
 }

@@ -24,13 +24,19 @@ impl Tolerance {
         match dtype {
             DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-5 },
             DType::F16 => Tolerance { atol: 1e-3, rtol: 2e-3 },
-            DType::BF16 => Tolerance { atol: 8e-3, rtol: 1.6e-2 },
+            DType::BF16 => Tolerance {
+                atol: 8e-3,
+                rtol: 1.6e-2,
+            },
             _ => Tolerance::EXACT,
         }
     }
 
     pub fn scaled(self, factor: f64) -> Tolerance {
-        Tolerance { atol: self.atol * factor, rtol: self.rtol * factor }
+        Tolerance {
+            atol: self.atol * factor,
+            rtol: self.rtol * factor,
+        }
     }
 }
 
@@ -52,10 +58,18 @@ impl OpCase {
     }
 }
 
+/// True when `a` is within `tol` of `b` (false if either is NaN).
+fn within(a: f64, b: f64, tol: Tolerance) -> bool {
+    (a - b).abs() <= tol.atol + tol.rtol * b.abs()
+}
+
 /// Compares `got` with `want` elementwise; the error names the first mismatch.
 pub fn compare(got: &HostTensor, want: &HostTensor, tol: Tolerance) -> Result<(), String> {
     if got.dtype != want.dtype || got.shape != want.shape {
-        return Err(format!("got {} {:?}, want {} {:?}", got.dtype, got.shape, want.dtype, want.shape));
+        return Err(format!(
+            "got {} {:?}, want {} {:?}",
+            got.dtype, got.shape, want.dtype, want.shape
+        ));
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     let mut worst: Option<(usize, f64)> = None;
@@ -64,15 +78,18 @@ pub fn compare(got: &HostTensor, want: &HostTensor, tol: Tolerance) -> Result<()
         if same_special {
             continue;
         }
+        if within(a, b, tol) {
+            continue;
+        }
         let excess = (a - b).abs() - (tol.atol + tol.rtol * b.abs());
-        if !(excess <= 0.0) && worst.is_none_or(|(_, e)| excess > e) {
+        if worst.is_none_or(|(_, e)| excess > e || excess.is_nan()) {
             worst = Some((i, excess));
         }
     }
     match worst {
         None => Ok(()),
         Some((i, _)) => {
-            let bad = g.iter().zip(&w).filter(|(a, b)| !((*a - *b).abs() <= tol.atol + tol.rtol * b.abs())).count();
+            let bad = g.iter().zip(&w).filter(|(&a, &b)| !within(a, b, tol)).count();
             Err(format!(
                 "{bad} of {} elements off; worst at {i}: got {}, want {} (atol {}, rtol {})",
                 g.len(),

@@ -1,7 +1,772 @@
-//! Naive f64 interpreter (placeholder; being written).
-use crate::graph::Graph;
-use crate::tensor::HostTensor;
+//! A naive interpreter of whole graphs: the oracle every backend's op cases are checked against.
+//! It is written to be obviously right, not fast: every value is a row-major `Vec<f64>`, every op
+//! is a plain loop that follows its doc comment in [`crate::op`], and each node's result is
+//! rounded to the node's dtype exactly as storing it would round ([`round_to`]).
+//!
+//! Choices the op docs leave open, made here (backends must agree):
+//! - integer arithmetic is exact and then saturates on storing, like `AsType` (the op cases
+//!   avoid overflow, where hardware would wrap instead);
+//! - `Maximum`, `Minimum` and the `Max`/`Min` reductions propagate NaN; sorting treats NaN as
+//!   larger than every number;
+//! - an attention window applies with or without `causal`: the query at position `p` sees key
+//!   `j` only if `j > p - window`;
+//! - a node that reads a state directly sees its value from before any `KvWrite` in the same
+//!   graph: writes are visible only through the `KvWrite` chain.
 
-pub fn evaluate(_graph: &Graph, _inputs: &[HostTensor], _states: &[(String, HostTensor)]) -> crate::Result<Vec<HostTensor>> {
-    Err(crate::Error::Invalid("reference interpreter not written yet".into()))
+use std::cmp::Ordering;
+use std::f64::consts::{PI, SQRT_2};
+
+use half::{bf16, f16};
+
+use crate::backend::check_inputs;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Node};
+use crate::op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp};
+use crate::quant::unpack;
+use crate::rng::gumbel;
+use crate::tensor::{numel, HostTensor, Storage};
+
+/// One node's value: elements already rounded to the node's dtype, row-major in `shape`.
+struct Value {
+    shape: Vec<usize>,
+    data: Vec<f64>,
+}
+
+/// Runs `graph` on `inputs` (in [`Graph::inputs`] order). States named in `states` start with
+/// those values, the others at zero. Returns the graph's outputs.
+pub fn evaluate(graph: &Graph, inputs: &[HostTensor], states: &[(String, HostTensor)]) -> Result<Vec<HostTensor>> {
+    graph.validate()?;
+    check_inputs(graph, inputs)?;
+    for (name, _) in states {
+        if !graph
+            .nodes
+            .iter()
+            .any(|n| matches!(&n.op, Op::State { name: s } if s == name))
+        {
+            return Err(Error::Invalid(format!("state {name} is not in the graph")));
+        }
+    }
+    let mut next_input = inputs.iter();
+    let mut values: Vec<Value> = Vec::with_capacity(graph.nodes.len());
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let data = match &node.op {
+            Op::Parameter { data, .. } | Op::Constant { data } => leaf(node, data)?,
+            Op::Input { name } => match next_input.next() {
+                Some(t) => t.to_f64_vec(),
+                None => return Err(Error::Runtime(format!("no value for input {name}"))),
+            },
+            Op::State { name } => match states.iter().find(|(n, _)| n == name) {
+                Some((_, t)) => leaf(node, t)?,
+                None => vec![0.0; numel(&node.shape)],
+            },
+            _ => {
+                let args: Vec<&Value> = node.inputs.iter().map(|id| &values[id.index()]).collect();
+                compute(node, &args)?
+            }
+        };
+        if data.len() != numel(&node.shape) {
+            return Err(Error::Invalid(format!(
+                "node {i} ({}) made {} values for shape {:?}",
+                node.op.name(),
+                data.len(),
+                node.shape
+            )));
+        }
+        let data = data.into_iter().map(|v| round_to(node.dtype, v)).collect();
+        values.push(Value {
+            shape: node.shape.clone(),
+            data,
+        });
+    }
+    graph
+        .outputs
+        .iter()
+        .map(|&o| to_host(graph.node(o).dtype, &values[o.index()]))
+        .collect()
+}
+
+/// A leaf's values, after checking that the tensor fits the node.
+fn leaf(node: &Node, t: &HostTensor) -> Result<Vec<f64>> {
+    if t.dtype != node.dtype || t.shape != node.shape {
+        return Err(Error::Runtime(format!(
+            "{}: expected {} {:?}, got {} {:?}",
+            node.op.name(),
+            node.dtype,
+            node.shape,
+            t.dtype,
+            t.shape
+        )));
+    }
+    Ok(t.to_f64_vec())
+}
+
+/// `v` as storing it in `dtype` leaves it, by [`crate::tensor::convert_elements`]'s rules: floats
+/// go through f32 and round to nearest even, integers truncate toward zero and saturate (NaN to
+/// 0), bool is `v != 0`.
+fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => f16::from_f32(v as f32).to_f64(),
+        DType::BF16 => bf16::from_f32(v as f32).to_f64(),
+        DType::I32 => v as i32 as f64,
+        DType::U32 => v as u32 as f64,
+        DType::U8 => v as u8 as f64,
+        DType::Bool => f64::from(u8::from(v != 0.0)),
+    }
+}
+
+fn to_host(dtype: DType, v: &Value) -> Result<HostTensor> {
+    let mut bytes = Vec::with_capacity(v.data.len() * dtype.size());
+    for &x in &v.data {
+        match dtype {
+            DType::F32 => bytes.extend_from_slice(&(x as f32).to_le_bytes()),
+            DType::F16 => bytes.extend_from_slice(&f16::from_f32(x as f32).to_le_bytes()),
+            DType::BF16 => bytes.extend_from_slice(&bf16::from_f32(x as f32).to_le_bytes()),
+            DType::I32 => bytes.extend_from_slice(&(x as i32).to_le_bytes()),
+            DType::U32 => bytes.extend_from_slice(&(x as u32).to_le_bytes()),
+            DType::U8 | DType::Bool => bytes.push(x as u8),
+        }
+    }
+    HostTensor::from_bytes(dtype, v.shape.clone(), Storage::from_vec(bytes))
+}
+
+/// One non-leaf node's values (before rounding to its dtype) from its operands' values.
+fn compute(node: &Node, x: &[&Value]) -> Result<Vec<f64>> {
+    let out = match &node.op {
+        Op::Unary(op) => x[0].data.iter().map(|&v| unary(*op, v)).collect(),
+        Op::Binary(op) => zip2(x[0], x[1], |a, b| binary(*op, a, b))?,
+        Op::Compare(op) => zip2(x[0], x[1], |a, b| f64::from(u8::from(compare(*op, a, b))))?,
+        Op::Where => select(x[0], x[1], x[2])?,
+        // The conversion is the rounding to the node's dtype that every node gets.
+        Op::AsType | Op::Reshape => x[0].data.clone(),
+        Op::Reduce { op, axis, .. } => lanes(x[0], *axis).iter().map(|lane| reduce(*op, lane)).collect(),
+        Op::Softmax { axis } => map_lanes(x[0], *axis, softmax),
+        Op::CumSum { axis, reverse } => map_lanes(x[0], *axis, |lane| cumsum(lane, *reverse)),
+        Op::MatMul { transpose_b } => matmul(x[0], x[1], *transpose_b)?,
+        Op::QuantizedMatMul { bits, group_size } => quantized_matmul(x[0], [x[1], x[2], x[3]], *bits, *group_size),
+        Op::GatherQuantizedMatMul { bits, group_size } => {
+            gather_qmm(x[0], [x[1], x[2], x[3]], x[4], *bits, *group_size)?
+        }
+        Op::RmsNorm { eps, unit_offset } => rms_norm(x[0], x[1], *eps as f64, *unit_offset),
+        Op::LayerNorm {
+            eps,
+            has_weight,
+            has_bias,
+        } => {
+            let weight = has_weight.then(|| x[1]);
+            let bias = has_bias.then(|| x[1 + usize::from(*has_weight)]);
+            layer_norm(x[0], weight, bias, *eps as f64)
+        }
+        Op::Rope {
+            dims,
+            interleaved,
+            scale,
+        } => rope(x[0], x[1], x[2], *dims, *interleaved, *scale as f64),
+        Op::Attention {
+            scale,
+            causal,
+            window,
+            softcap,
+        } => {
+            let mask = Mask {
+                causal: *causal,
+                window: *window,
+            };
+            attention([x[0], x[1], x[2]], x[3], *scale as f64, mask, softcap.map(f64::from))?
+        }
+        Op::KvWrite => kv_write(x[0], x[1], x[2])?,
+        Op::Gather => gather(x[0], x[1])?,
+        Op::QuantizedGather { bits, group_size } => quantized_gather([x[0], x[1], x[2]], x[3], *bits, *group_size)?,
+        Op::TakeAlongAxis { axis } => take_along_axis(x[0], x[1], *axis)?,
+        Op::Transpose { perm } => transpose(x[0], perm, &node.shape),
+        Op::Slice { start, step, .. } => slice(x[0], start, step, &node.shape),
+        Op::Concat { axis } => concat(x, *axis),
+        Op::Broadcast => broadcast(x[0], &node.shape),
+        Op::TopK { k } => last_axis_lanes(x[0])
+            .iter()
+            .flat_map(|lane| sorted_indices(lane, true).take(*k))
+            .collect(),
+        Op::ArgSort { descending } => last_axis_lanes(x[0])
+            .iter()
+            .flat_map(|lane| sorted_indices(lane, *descending))
+            .collect(),
+        Op::SampleCategorical { seed } => sample_categorical(x[0], x[1], *seed),
+        Op::Parameter { .. } | Op::Constant { .. } | Op::Input { .. } | Op::State { .. } => {
+            return Err(Error::Invalid(format!("{} is a leaf, not computed", node.op.name())))
+        }
+    };
+    Ok(out)
+}
+
+// ---- elementwise ----
+
+fn unary(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::GeluErf => 0.5 * x * (1.0 + erf(x / SQRT_2)),
+        UnaryOp::GeluTanh => 0.5 * x * (1.0 + ((2.0 / PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        UnaryOp::Softcap(cap) => cap as f64 * (x / cap as f64).tanh(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+    }
+}
+
+/// `erf(x)` to about 1e-14 from the series `erf x = 2/√π · e^(-x²) · Σₙ (2x²)ⁿ x / (1·3·…·(2n+1))`,
+/// whose terms all share one sign, so nothing cancels. Past |x| = 6, erf is ±1 within 1e-17.
+fn erf(x: f64) -> f64 {
+    if x.is_nan() || x.abs() > 6.0 {
+        return x.signum();
+    }
+    let (mut term, mut sum, mut n) = (x, x, 0.0);
+    while term.abs() > 1e-17 * sum.abs() {
+        n += 1.0;
+        term *= 2.0 * x * x / (2.0 * n + 1.0);
+        sum += term;
+    }
+    2.0 / PI.sqrt() * (-x * x).exp() * sum
+}
+
+fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Maximum if a.is_nan() || b.is_nan() => f64::NAN,
+        BinaryOp::Minimum if a.is_nan() || b.is_nan() => f64::NAN,
+        BinaryOp::Maximum => a.max(b),
+        BinaryOp::Minimum => a.min(b),
+    }
+}
+
+fn compare(op: CompareOp, a: f64, b: f64) -> bool {
+    match op {
+        CompareOp::Eq => a == b,
+        CompareOp::Ne => a != b,
+        CompareOp::Lt => a < b,
+        CompareOp::Le => a <= b,
+        CompareOp::Gt => a > b,
+        CompareOp::Ge => a >= b,
+    }
+}
+
+/// `f(a[i], b[i])` for operands of one shape (the builder broadcasts them first).
+fn zip2(a: &Value, b: &Value, f: impl Fn(f64, f64) -> f64) -> Result<Vec<f64>> {
+    if a.shape != b.shape {
+        return Err(Error::Invalid(format!(
+            "elementwise operands {:?} and {:?} differ",
+            a.shape, b.shape
+        )));
+    }
+    Ok(a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect())
+}
+
+/// `cond ? a : b` elementwise.
+fn select(cond: &Value, a: &Value, b: &Value) -> Result<Vec<f64>> {
+    if cond.shape != a.shape || a.shape != b.shape {
+        return Err(Error::Invalid(format!(
+            "where operands {:?}, {:?}, {:?} differ",
+            cond.shape, a.shape, b.shape
+        )));
+    }
+    Ok((0..a.data.len())
+        .map(|i| if cond.data[i] != 0.0 { a.data[i] } else { b.data[i] })
+        .collect())
+}
+
+// ---- reductions along one axis ----
+
+/// `(outer, n, inner)` around `axis`: element `(o, j, i)` sits at `(o·n + j)·inner + i`.
+fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (numel(&shape[..axis]), shape[axis], numel(&shape[axis + 1..]))
+}
+
+/// The values along `axis`, one lane per `(outer, inner)` position, in row-major order of those.
+fn lanes(x: &Value, axis: usize) -> Vec<Vec<f64>> {
+    let (outer, n, inner) = around(&x.shape, axis);
+    let mut lanes = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            lanes.push((0..n).map(|j| x.data[(o * n + j) * inner + i]).collect());
+        }
+    }
+    lanes
+}
+
+fn last_axis_lanes(x: &Value) -> Vec<Vec<f64>> {
+    lanes(x, x.shape.len() - 1)
+}
+
+/// `x` with every lane along `axis` replaced by `f(lane)` (of the same length).
+fn map_lanes(x: &Value, axis: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
+    let (_, n, inner) = around(&x.shape, axis);
+    let mut out = vec![0.0; x.data.len()];
+    for (l, lane) in lanes(x, axis).iter().enumerate() {
+        let (o, i) = (l / inner, l % inner);
+        for (j, v) in f(lane).into_iter().enumerate() {
+            out[(o * n + j) * inner + i] = v;
+        }
+    }
+    out
+}
+
+fn reduce(op: ReduceOp, lane: &[f64]) -> f64 {
+    match op {
+        ReduceOp::Sum => lane.iter().sum(),
+        ReduceOp::Max => max(lane),
+        ReduceOp::Min => lane.iter().fold(f64::INFINITY, |m, &v| binary(BinaryOp::Minimum, m, v)),
+        ReduceOp::ArgMax => first_argmax(lane) as f64,
+        ReduceOp::LogSumExp => {
+            let m = max(lane);
+            if m.is_infinite() {
+                m
+            } else {
+                m + lane.iter().map(|&v| (v - m).exp()).sum::<f64>().ln()
+            }
+        }
+    }
+}
+
+fn max(lane: &[f64]) -> f64 {
+    lane.iter()
+        .fold(f64::NEG_INFINITY, |m, &v| binary(BinaryOp::Maximum, m, v))
+}
+
+/// Index of the first maximum (later equal values do not replace it).
+fn first_argmax(lane: &[f64]) -> usize {
+    let mut best = 0;
+    for (j, &v) in lane.iter().enumerate() {
+        if v > lane[best] {
+            best = j;
+        }
+    }
+    best
+}
+
+fn softmax(lane: &[f64]) -> Vec<f64> {
+    let m = max(lane);
+    let exps: Vec<f64> = lane.iter().map(|&v| (v - m).exp()).collect();
+    let total: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / total).collect()
+}
+
+/// Inclusive prefix sums, from the end with `reverse`.
+fn cumsum(lane: &[f64], reverse: bool) -> Vec<f64> {
+    let mut out = vec![0.0; lane.len()];
+    let mut running = 0.0;
+    let order: Vec<usize> = if reverse {
+        (0..lane.len()).rev().collect()
+    } else {
+        (0..lane.len()).collect()
+    };
+    for j in order {
+        running += lane[j];
+        out[j] = running;
+    }
+    out
+}
+
+// ---- linear algebra ----
+
+/// Row `r` of a row-major matrix with rows of `len`.
+fn row(data: &[f64], r: usize, len: usize) -> &[f64] {
+    &data[r * len..(r + 1) * len]
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `a [.., M, K] @ b [.., K, N]`, or `b [.., N, K]` with `transpose_b`; `b` of rank 2 is shared,
+/// otherwise it has `a`'s batch axes (the builder broadcast them).
+fn matmul(a: &Value, b: &Value, transpose_b: bool) -> Result<Vec<f64>> {
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    let (m, k) = (a.shape[ra - 2], a.shape[ra - 1]);
+    let n = if transpose_b { b.shape[rb - 2] } else { b.shape[rb - 1] };
+    let shared_b = rb == 2;
+    if !shared_b && b.shape[..rb - 2] != a.shape[..ra - 2] {
+        return Err(Error::Invalid(format!(
+            "matmul batch axes of {:?} and {:?} differ",
+            a.shape, b.shape
+        )));
+    }
+    let batch = numel(&a.shape[..ra - 2]);
+    let mut out = Vec::with_capacity(batch * m * n);
+    for p in 0..batch {
+        let b0 = if shared_b { 0 } else { p * k * n };
+        for i in 0..m {
+            let a_row = row(&a.data, p * m + i, k);
+            for j in 0..n {
+                let b_at = |l: usize| {
+                    if transpose_b {
+                        b.data[b0 + j * k + l]
+                    } else {
+                        b.data[b0 + l * n + j]
+                    }
+                };
+                out.push((0..k).map(|l| a_row[l] * b_at(l)).sum());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Row `r` of a packed `[rows, K·bits/32]` weight (any leading axes flattened into `rows`) with
+/// scales and biases `[rows, K/g]`, dequantized to `[K]`: `q · scale + bias` per group.
+fn dequant_row(packed: [&Value; 3], r: usize, bits: u32, group: usize) -> Vec<f64> {
+    let [w, scales, biases] = packed;
+    let words = *w.shape.last().unwrap_or(&0);
+    let k = words * (32 / bits as usize);
+    let groups = k / group;
+    let row_words: Vec<u32> = row(&w.data, r, words).iter().map(|&v| v as u32).collect();
+    (0..k)
+        .map(|j| {
+            let g = r * groups + j / group;
+            unpack(&row_words, j, bits) as f64 * scales.data[g] + biases.data[g]
+        })
+        .collect()
+}
+
+/// `x [.., K] @ dequant(w)ᵀ` for `w` packed `[N, K·bits/32]`: out `[.., N]`.
+fn quantized_matmul(x: &Value, packed: [&Value; 3], bits: u32, group: usize) -> Vec<f64> {
+    let n = packed[0].shape[0];
+    let k = *x.shape.last().unwrap_or(&0);
+    let w: Vec<Vec<f64>> = (0..n).map(|r| dequant_row(packed, r, bits, group)).collect();
+    let rows = numel(&x.shape[..x.shape.len() - 1]);
+    let mut out = Vec::with_capacity(rows * n);
+    for r in 0..rows {
+        let x_row = row(&x.data, r, k);
+        out.extend(w.iter().map(|w_row| dot(x_row, w_row)));
+    }
+    out
+}
+
+/// MoE: `x [.., X, K]` (X is 1 or `top`) times expert `ids [.., top]` of `w [E, N, K·bits/32]`;
+/// out `[.., top, N]`.
+fn gather_qmm(x: &Value, packed: [&Value; 3], ids: &Value, bits: u32, group: usize) -> Result<Vec<f64>> {
+    let (experts, n) = (packed[0].shape[0], packed[0].shape[1]);
+    let rx = x.shape.len();
+    let (x_rows, k) = (x.shape[rx - 2], x.shape[rx - 1]);
+    let top = *ids.shape.last().unwrap_or(&0);
+    let batch = numel(&ids.shape[..ids.shape.len() - 1]);
+    let mut out = Vec::with_capacity(batch * top * n);
+    for p in 0..batch {
+        for i in 0..top {
+            let e = checked_index(ids.data[p * top + i], experts, "gather_qmm: expert id")?;
+            let x_row = row(&x.data, p * x_rows + if x_rows == 1 { 0 } else { i }, k);
+            for c in 0..n {
+                out.push(dot(x_row, &dequant_row(packed, e * n + c, bits, group)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rows of a packed table `[V, D·bits/32]` at `ids [..]`, dequantized: out `[.., D]`.
+fn quantized_gather(packed: [&Value; 3], ids: &Value, bits: u32, group: usize) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for &id in &ids.data {
+        let r = checked_index(id, packed[0].shape[0], "quantized_gather: id")?;
+        out.extend(dequant_row(packed, r, bits, group));
+    }
+    Ok(out)
+}
+
+// ---- fused NN ops ----
+
+/// `x [.., D] · rsqrt(mean(x²) + eps) · w [D]` (or `· (1 + w)`) per row.
+fn rms_norm(x: &Value, w: &Value, eps: f64, unit_offset: bool) -> Vec<f64> {
+    let d = w.data.len();
+    let rows = numel(&x.shape[..x.shape.len() - 1]);
+    let mut out = Vec::with_capacity(x.data.len());
+    for r in 0..rows {
+        let xs = row(&x.data, r, d);
+        let inv = 1.0 / (xs.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
+        for (&v, &g) in xs.iter().zip(&w.data) {
+            out.push(v * inv * if unit_offset { 1.0 + g } else { g });
+        }
+    }
+    out
+}
+
+/// `(x - mean) / sqrt(var + eps) · w + b` over the last axis (biased variance).
+fn layer_norm(x: &Value, weight: Option<&Value>, bias: Option<&Value>, eps: f64) -> Vec<f64> {
+    let d = *x.shape.last().unwrap_or(&0);
+    let rows = numel(&x.shape[..x.shape.len() - 1]);
+    let mut out = Vec::with_capacity(x.data.len());
+    for r in 0..rows {
+        let xs = row(&x.data, r, d);
+        let mean = xs.iter().sum::<f64>() / d as f64;
+        let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+        for (c, &v) in xs.iter().enumerate() {
+            let normed = (v - mean) / (var + eps).sqrt();
+            out.push(normed * weight.map_or(1.0, |w| w.data[c]) + bias.map_or(0.0, |b| b.data[c]));
+        }
+    }
+    out
+}
+
+/// Rotary embedding of `x [B, H, T, D]` at `positions [T]` or `[B, T]` with `inv_freq [dims/2]`.
+fn rope(x: &Value, positions: &Value, inv_freq: &Value, dims: usize, interleaved: bool, scale: f64) -> Vec<f64> {
+    let (b, h, t, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let half = dims / 2;
+    let mut out = x.data.clone(); // channels past `dims` pass through
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let pos = if positions.shape.len() == 1 {
+                    positions.data[ti]
+                } else {
+                    positions.data[bi * t + ti]
+                };
+                let base = ((bi * h + hi) * t + ti) * d;
+                for i in 0..half {
+                    let angle = pos * scale * inv_freq.data[i];
+                    let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                    let (xa, xb) = (x.data[base + ia], x.data[base + ib]);
+                    out[base + ia] = xa * angle.cos() - xb * angle.sin();
+                    out[base + ib] = xa * angle.sin() + xb * angle.cos();
+                }
+            }
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy)]
+struct Mask {
+    causal: bool,
+    window: Option<usize>,
+}
+
+impl Mask {
+    /// Whether the query at position `p` sees key `j` (one of the first `kv_len`).
+    fn sees(self, p: usize, j: usize) -> bool {
+        let (p, j) = (p as i64, j as i64);
+        (!self.causal || j <= p) && self.window.is_none_or(|w| j > p - w as i64)
+    }
+}
+
+/// The entry of a per-batch runtime value (`[]` or `[B]`) for batch `b`.
+fn per_batch(v: &Value, b: usize) -> f64 {
+    if v.data.len() == 1 {
+        v.data[0]
+    } else {
+        v.data[b]
+    }
+}
+
+/// `q [B, Hq, T, D]` over the first `kv_len` of `k [B, Hkv, S, D]`, `v [B, Hkv, S, Dv]`; query
+/// `t` sits at position `kv_len - T + t`, and head `h` reads kv head `h / (Hq / Hkv)`.
+fn attention(qkv: [&Value; 3], kv_len: &Value, scale: f64, mask: Mask, softcap: Option<f64>) -> Result<Vec<f64>> {
+    let [q, k, v] = qkv;
+    let (b, hq, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (hkv, cap, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+    let mut out = Vec::with_capacity(b * hq * t * dv);
+    for bi in 0..b {
+        let len = per_batch(kv_len, bi);
+        if !(len >= t as f64 && len <= cap as f64) {
+            return Err(Error::Runtime(format!(
+                "attention: kv_len {len} must cover the {t} queries and fit the {cap} cache slots"
+            )));
+        }
+        let len = len as usize;
+        for h in 0..hq {
+            let kv_row = |j: usize| (bi * hkv + h / (hq / hkv)) * cap + j;
+            for ti in 0..t {
+                let p = len - t + ti;
+                let q_row = row(&q.data, (bi * hq + h) * t + ti, d);
+                let keys: Vec<usize> = (0..len).filter(|&j| mask.sees(p, j)).collect();
+                let scores: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        let s = dot(q_row, row(&k.data, kv_row(j), d)) * scale;
+                        softcap.map_or(s, |c| c * (s / c).tanh())
+                    })
+                    .collect();
+                let weights = softmax(&scores);
+                for c in 0..dv {
+                    out.push(
+                        keys.iter()
+                            .zip(&weights)
+                            .map(|(&j, w)| w * v.data[kv_row(j) * dv + c])
+                            .sum(),
+                    );
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `cache [B, H, S, D]` with `new [B, H, T, D]` written at slots `pos..pos + T` (`pos` `[]` or `[B]`).
+fn kv_write(cache: &Value, new: &Value, pos: &Value) -> Result<Vec<f64>> {
+    let (b, h, cap, d) = (cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]);
+    let t = new.shape[2];
+    let mut out = cache.data.clone();
+    for bi in 0..b {
+        let p = per_batch(pos, bi);
+        if !(p >= 0.0 && p + t as f64 <= cap as f64) {
+            return Err(Error::Runtime(format!(
+                "kv_write: {t} entries at position {p} overflow a cache of {cap}"
+            )));
+        }
+        let p = p as usize;
+        for hi in 0..h {
+            for ti in 0..t {
+                let src = ((bi * h + hi) * t + ti) * d;
+                let dst = ((bi * h + hi) * cap + p + ti) * d;
+                out[dst..dst + d].copy_from_slice(&new.data[src..src + d]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A runtime index checked against `0..len`.
+fn checked_index(v: f64, len: usize, what: &str) -> Result<usize> {
+    if v >= 0.0 && v < len as f64 {
+        Ok(v as usize)
+    } else {
+        Err(Error::Runtime(format!("{what} {v} is out of range 0..{len}")))
+    }
+}
+
+/// Rows of `table [V, D]` at `ids [..]`: out `[.., D]`.
+fn gather(table: &Value, ids: &Value) -> Result<Vec<f64>> {
+    let (v, d) = (table.shape[0], table.shape[1]);
+    let mut out = Vec::with_capacity(ids.data.len() * d);
+    for &id in &ids.data {
+        out.extend_from_slice(row(&table.data, checked_index(id, v, "gather: id")?, d));
+    }
+    Ok(out)
+}
+
+/// `out[o, j, i] = x[o, idx[o, j, i], i]` around `axis`; out has `idx`'s shape.
+fn take_along_axis(x: &Value, idx: &Value, axis: usize) -> Result<Vec<f64>> {
+    let (outer, nx, inner) = around(&x.shape, axis);
+    let ni = idx.shape[axis];
+    let mut out = Vec::with_capacity(idx.data.len());
+    for o in 0..outer {
+        for j in 0..ni {
+            for i in 0..inner {
+                let at = checked_index(idx.data[(o * ni + j) * inner + i], nx, "take_along_axis: index")?;
+                out.push(x.data[(o * nx + at) * inner + i]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ---- layout ----
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for a in (0..shape.len().saturating_sub(1)).rev() {
+        s[a] = s[a + 1] * shape[a + 1];
+    }
+    s
+}
+
+/// The multi-index of flat position `f` in `shape`.
+fn unravel(mut f: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for a in (0..shape.len()).rev() {
+        idx[a] = f % shape[a];
+        f /= shape[a];
+    }
+    idx
+}
+
+/// Each output element from the input element at `src(output multi-index)`.
+fn gather_by_index(x: &Value, out_shape: &[usize], src: impl Fn(&[usize]) -> Vec<usize>) -> Vec<f64> {
+    let s = strides(&x.shape);
+    (0..numel(out_shape))
+        .map(|f| {
+            let from = src(&unravel(f, out_shape));
+            x.data[from.iter().zip(&s).map(|(i, st)| i * st).sum::<usize>()]
+        })
+        .collect()
+}
+
+/// Output axis `a` is input axis `perm[a]`.
+fn transpose(x: &Value, perm: &[usize], out_shape: &[usize]) -> Vec<f64> {
+    gather_by_index(x, out_shape, |idx| {
+        let mut from = vec![0; idx.len()];
+        for (a, &p) in perm.iter().enumerate() {
+            from[p] = idx[a];
+        }
+        from
+    })
+}
+
+fn slice(x: &Value, start: &[usize], step: &[usize], out_shape: &[usize]) -> Vec<f64> {
+    gather_by_index(x, out_shape, |idx| {
+        (0..idx.len()).map(|a| start[a] + idx[a] * step[a]).collect()
+    })
+}
+
+/// Size-1 axes of `x` stretch to `out_shape` (same rank).
+fn broadcast(x: &Value, out_shape: &[usize]) -> Vec<f64> {
+    gather_by_index(x, out_shape, |idx| {
+        (0..idx.len())
+            .map(|a| if x.shape[a] == 1 { 0 } else { idx[a] })
+            .collect()
+    })
+}
+
+fn concat(parts: &[&Value], axis: usize) -> Vec<f64> {
+    let outer = numel(&parts[0].shape[..axis]);
+    let mut out = Vec::new();
+    for o in 0..outer {
+        for p in parts {
+            let slab = numel(&p.shape[axis..]); // one outer index's worth of this part
+            out.extend_from_slice(&p.data[o * slab..(o + 1) * slab]);
+        }
+    }
+    out
+}
+
+// ---- sorting and sampling ----
+
+/// Numbers in their order, NaN above all of them (so the order is total).
+fn order(a: f64, b: f64) -> Ordering {
+    a.partial_cmp(&b).unwrap_or_else(|| a.is_nan().cmp(&b.is_nan()))
+}
+
+/// Positions of `lane` sorted by value; the sort is stable, so equal values keep the lower index
+/// first in both directions.
+fn sorted_indices(lane: &[f64], descending: bool) -> impl Iterator<Item = f64> {
+    let mut idx: Vec<usize> = (0..lane.len()).collect();
+    idx.sort_by(|&i, &j| {
+        if descending {
+            order(lane[j], lane[i])
+        } else {
+            order(lane[i], lane[j])
+        }
+    });
+    idx.into_iter().map(|i| i as f64)
+}
+
+/// Per row of `logits [B, V]`: `argmax_v logits[b, v] + gumbel(seed, counter, b, v)`.
+fn sample_categorical(logits: &Value, counter: &Value, seed: u64) -> Vec<f64> {
+    let (b, v) = (logits.shape[0], logits.shape[1]);
+    let counter = counter.data[0] as u32;
+    (0..b)
+        .map(|r| {
+            let noisy: Vec<f64> = (0..v)
+                .map(|c| logits.data[r * v + c] + gumbel(seed, counter, r as u32, c as u32) as f64)
+                .collect();
+            first_argmax(&noisy) as f64
+        })
+        .collect()
 }

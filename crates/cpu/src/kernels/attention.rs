@@ -34,16 +34,24 @@ pub fn attention(
     let (b, hq, t, d) = (sq[0], sq[1], sq[2], sq[3]);
     let (hkv, s) = (sk[1], sk[2]);
     if dv > MAX_DV {
-        return Err(Error::Unsupported { backend: "cpu", op: format!("attention with value head dim {dv} > {MAX_DV}") });
+        return Err(Error::Unsupported {
+            backend: "cpu",
+            op: format!("attention with value head dim {dv} > {MAX_DV}"),
+        });
     }
     let mut lens = [0usize; MAX_BATCH];
     if b > MAX_BATCH {
-        return Err(Error::Unsupported { backend: "cpu", op: format!("attention with batch {b} > {MAX_BATCH}") });
+        return Err(Error::Unsupported {
+            backend: "cpu",
+            op: format!("attention with batch {b} > {MAX_BATCH}"),
+        });
     }
     for (bi, len) in lens.iter_mut().enumerate().take(b) {
         let l = kv_len.get_index(if kv_len.len() == 1 { 0 } else { bi })?;
         if l < t as i64 || l as usize > s {
-            return Err(Error::Runtime(format!("kv_len {l} must be within {t}..={s} (query length..capacity)")));
+            return Err(Error::Runtime(format!(
+                "kv_len {l} must be within {t}..={s} (query length..capacity)"
+            )));
         }
         *len = l as usize;
     }
@@ -90,7 +98,9 @@ fn run<T: Float>(q: &In, k: &[T], v: &[T], lens: &[usize], dims: Dims, p: &Param
             let w = (score - m_new).exp();
             l = l * correction + w;
             let vr = &v[(base + j) * dv..(base + j + 1) * dv];
-            acc.iter_mut().zip(vr).for_each(|(a, x)| *a = *a * correction + w * x.to_f32());
+            acc.iter_mut()
+                .zip(vr)
+                .for_each(|(a, x)| *a = *a * correction + w * x.to_f32());
             m = m_new;
         }
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
@@ -106,7 +116,9 @@ pub fn kv_write(cache: &mut [u8], sc: &[usize], new: &[u8], sn: &[usize], pos: I
     for bi in 0..b {
         let p = pos.get_index(if pos.len() == 1 { 0 } else { bi })?;
         if p < 0 || p as usize + t > s {
-            return Err(Error::Runtime(format!("KV cache overflow: writing {t} tokens at position {p} into a cache of {s}")));
+            return Err(Error::Runtime(format!(
+                "KV cache overflow: writing {t} tokens at position {p} into a cache of {s}"
+            )));
         }
         let p = p as usize;
         for hi in 0..h {

@@ -70,9 +70,13 @@ fn map<S: Copy + Sync, D: Send>(src: &[S], dst: &mut [D], f: impl Fn(S) -> D + S
 
 fn zip_map<S: Copy + Sync, D: Send>(a: &[S], b: &[S], dst: &mut [D], f: impl Fn(S, S) -> D + Sync) {
     if dst.len() >= PAR_MIN {
-        dst.par_iter_mut().zip(a.par_iter().zip(b.par_iter())).for_each(|(d, (&x, &y))| *d = f(x, y));
+        dst.par_iter_mut()
+            .zip(a.par_iter().zip(b.par_iter()))
+            .for_each(|(d, (&x, &y))| *d = f(x, y));
     } else {
-        dst.iter_mut().zip(a.iter().zip(b)).for_each(|(d, (&x, &y))| *d = f(x, y));
+        dst.iter_mut()
+            .zip(a.iter().zip(b))
+            .for_each(|(d, (&x, &y))| *d = f(x, y));
     }
 }
 
@@ -81,7 +85,13 @@ fn unary_float<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) {
 }
 
 fn unary_int<T: Int>(op: UnaryOp, x: &[T], out: &mut [T]) {
-    map(x, out, |v| T::from_i64(if op == UnaryOp::Neg { -v.to_i64() } else { v.to_i64().abs() }));
+    map(x, out, |v| {
+        T::from_i64(if op == UnaryOp::Neg {
+            -v.to_i64()
+        } else {
+            v.to_i64().abs()
+        })
+    });
 }
 
 pub fn unary(op: UnaryOp, x: In, out: Out) -> Result<()> {
@@ -146,7 +156,9 @@ pub fn binary(op: BinaryOp, a: In, b: In, out: Out) -> Result<()> {
 
 /// Compares in f64, which holds every value of every dtype exactly.
 pub fn compare(op: CompareOp, a: In, b: In, out: Out) -> Result<()> {
-    let Out::U8(o) = out else { return Err(dtype_mismatch("compare")) };
+    let Out::U8(o) = out else {
+        return Err(dtype_mismatch("compare"));
+    };
     let f = |x: f64, y: f64| match op {
         CompareOp::Eq => x == y,
         CompareOp::Ne => x != y,
@@ -163,7 +175,9 @@ pub fn compare(op: CompareOp, a: In, b: In, out: Out) -> Result<()> {
 
 /// `cond ? a : b`, element by element on raw bytes of `size` each.
 pub fn select(cond: In, a: &[u8], b: &[u8], out: &mut [u8], size: usize) -> Result<()> {
-    let In::U8(c) = cond else { return Err(dtype_mismatch("where")) };
+    let In::U8(c) = cond else {
+        return Err(dtype_mismatch("where"));
+    };
     for (i, &c) in c.iter().enumerate() {
         let src = if c != 0 { a } else { b };
         out[i * size..(i + 1) * size].copy_from_slice(&src[i * size..(i + 1) * size]);
@@ -178,7 +192,13 @@ mod tests {
     #[test]
     fn erf_matches_known_values() {
         // Values from Abramowitz & Stegun, table 7.1.
-        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (2.0, 0.995_322_265_0), (3.0, 0.999_977_909_5)] {
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_8),
+            (1.0, 0.842_700_792_9),
+            (2.0, 0.995_322_265_0),
+            (3.0, 0.999_977_909_5),
+        ] {
             assert!((libm_erf(x) - want).abs() < 1e-9, "erf({x}) = {}", libm_erf(x));
             assert!((libm_erf(-x) + want).abs() < 1e-9);
         }

@@ -11,7 +11,10 @@ pub fn gather(table: &[u8], st: &[usize], ids: In, dst: &mut [u8], size: usize) 
     for p in 0..ids.len() {
         let id = ids.get_index(p)?;
         if id < 0 || id as usize >= st[0] {
-            return Err(Error::Runtime(format!("token id {id} is outside the vocabulary 0..{}", st[0])));
+            return Err(Error::Runtime(format!(
+                "token id {id} is outside the vocabulary 0..{}",
+                st[0]
+            )));
         }
         let id = id as usize;
         dst[p * row..(p + 1) * row].copy_from_slice(&table[id * row..(id + 1) * row]);
@@ -57,13 +60,19 @@ fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool) {
     };
     idx.sort_by(|&a, &b| {
         let (ka, kb) = (key(a), key(b));
-        let ord = if descending { kb.partial_cmp(&ka) } else { ka.partial_cmp(&kb) };
+        let ord = if descending {
+            kb.partial_cmp(&ka)
+        } else {
+            ka.partial_cmp(&kb)
+        };
         ord.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
     });
 }
 
 pub fn argsort(x: In, n: usize, descending: bool, out: Out) -> Result<()> {
-    let Out::U32(o) = out else { return Err(dtype_mismatch("argsort")) };
+    let Out::U32(o) = out else {
+        return Err(dtype_mismatch("argsort"));
+    };
     for (r, row) in o.chunks_mut(n).enumerate() {
         row.iter_mut().enumerate().for_each(|(i, v)| *v = i as u32);
         sort_row(&x, r * n, row, descending);
@@ -73,7 +82,9 @@ pub fn argsort(x: In, n: usize, descending: bool, out: Out) -> Result<()> {
 
 /// Indices of the `k` largest per row, largest first.
 pub fn topk(x: In, n: usize, k: usize, out: Out) -> Result<()> {
-    let Out::U32(o) = out else { return Err(dtype_mismatch("topk")) };
+    let Out::U32(o) = out else {
+        return Err(dtype_mismatch("topk"));
+    };
     let mut idx: Vec<u32> = Vec::with_capacity(n);
     for (r, row) in o.chunks_mut(k).enumerate() {
         idx.clear();
@@ -86,7 +97,9 @@ pub fn topk(x: In, n: usize, k: usize, out: Out) -> Result<()> {
 
 /// Gumbel-max: per row, `argmax_v logits[v] + gumbel(seed, counter, row, v)`.
 pub fn sample_categorical(logits: In, shape: &[usize], counter: In, seed: u64, out: Out) -> Result<()> {
-    let Out::U32(o) = out else { return Err(dtype_mismatch("sample_categorical")) };
+    let Out::U32(o) = out else {
+        return Err(dtype_mismatch("sample_categorical"));
+    };
     let v = shape[1];
     let counter = counter.get_index(0)? as u32;
     for (b, dst) in o.iter_mut().enumerate() {

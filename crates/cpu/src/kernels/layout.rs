@@ -50,7 +50,11 @@ pub fn slice(src: &[u8], shape: &[usize], start: &[usize], step: &[usize], out: 
 
 /// Stretches size-1 axes of `src` (same rank as `out`) with stride 0.
 pub fn broadcast(src: &[u8], shape: &[usize], out: &[usize], dst: &mut [u8], size: usize) {
-    let st: Vec<usize> = strides(shape).iter().zip(shape).map(|(&s, &d)| if d == 1 { 0 } else { s }).collect();
+    let st: Vec<usize> = strides(shape)
+        .iter()
+        .zip(shape)
+        .map(|(&s, &d)| if d == 1 { 0 } else { s })
+        .collect();
     strided_copy(src, 0, &st, out, dst, size);
 }
 

@@ -31,12 +31,24 @@ pub fn dot<T: Float>(a: &[f32], b: &[T]) -> f32 {
 /// without batch axes is shared by every batch.
 pub fn matmul(a: In, sa: &[usize], b: In, sb: &[usize], transpose_b: bool, mut out: Out) -> Result<()> {
     let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
-    let n = if transpose_b { sb[sb.len() - 2] } else { sb[sb.len() - 1] };
+    let n = if transpose_b {
+        sb[sb.len() - 2]
+    } else {
+        sb[sb.len() - 1]
+    };
     let batch: usize = sa[..sa.len() - 2].iter().product();
     let b_batched = sb.len() > 2;
     for bi in 0..batch {
         let b_off = if b_batched { bi * k * n } else { 0 };
-        let job = Job { a, a_off: bi * m * k, out_off: bi * m * n, m, k, n, transpose_b };
+        let job = Job {
+            a,
+            a_off: bi * m * k,
+            out_off: bi * m * n,
+            m,
+            k,
+            n,
+            transpose_b,
+        };
         crate::float_view!(b, bs => job.run(&bs[b_off..b_off + k * n], &mut out), "matmul");
     }
     Ok(())
@@ -77,7 +89,11 @@ impl Job<'_> {
                 // b32 holds output columns n0..n0+tn as rows of K: [tn, K].
                 for j in 0..tn {
                     for kk in 0..k {
-                        let src = if self.transpose_b { (n0 + j) * k + kk } else { kk * n + n0 + j };
+                        let src = if self.transpose_b {
+                            (n0 + j) * k + kk
+                        } else {
+                            kk * n + n0 + j
+                        };
                         b32[j * k + kk] = b[src].to_f32();
                     }
                 }

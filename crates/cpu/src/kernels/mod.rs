@@ -17,7 +17,10 @@ use mlxcel_core::Error;
 pub const PAR_MIN: usize = 1 << 14;
 
 pub fn dtype_mismatch(op: &str) -> Error {
-    Error::Unsupported { backend: "cpu", op: format!("{op} with these operand dtypes") }
+    Error::Unsupported {
+        backend: "cpu",
+        op: format!("{op} with these operand dtypes"),
+    }
 }
 
 /// Expands to a match over a float view, binding the typed slice; other dtypes fail.

@@ -29,7 +29,16 @@ impl<'a> QWeight<'a> {
         let n = shape[shape.len() - 2];
         let mats = shape[..shape.len() - 2].iter().product();
         let k = words * 32 / bits as usize;
-        QWeight { packed: bytemuck::cast_slice(packed), scales, biases, n, mats, k, bits, group }
+        QWeight {
+            packed: bytemuck::cast_slice(packed),
+            scales,
+            biases,
+            n,
+            mats,
+            k,
+            bits,
+            group,
+        }
     }
 
     fn words_per_row(&self) -> usize {
@@ -129,7 +138,10 @@ pub fn qmm(x: In, q: &QWeight, mut out: Out) -> Result<()> {
         let mut n0 = 0;
         while n0 < n {
             let tn = tile.min(n - n0);
-            w32[..tn * k].par_chunks_mut(k).enumerate().for_each(|(j, dst)| q.dequantize_row(n0 + j, dst));
+            w32[..tn * k]
+                .par_chunks_mut(k)
+                .enumerate()
+                .for_each(|(j, dst)| q.dequantize_row(n0 + j, dst));
             sgemm_abt(x32, &w32[..tn * k], &mut c32[..m * tn], m, k, tn);
             for r in 0..m {
                 out.store_f32(r * n + n0, &c32[r * tn..(r + 1) * tn]);
@@ -173,7 +185,10 @@ pub fn gather_rows(q: &QWeight, ids: In, mut out: Out) -> Result<()> {
         for p in 0..ids.len() {
             let id = ids.get_index(p)?;
             if id < 0 || id as usize >= q.n {
-                return Err(Error::Runtime(format!("token id {id} is outside the vocabulary 0..{}", q.n)));
+                return Err(Error::Runtime(format!(
+                    "token id {id} is outside the vocabulary 0..{}",
+                    q.n
+                )));
             }
             q.dequantize_row(id as usize, row);
             out.store_f32(p * d, row);

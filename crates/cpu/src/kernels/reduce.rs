@@ -23,7 +23,9 @@ pub fn reduce(op: ReduceOp, x: In, (outer, n, inner): Dims, mut out: Out) -> Res
                             best = k;
                         }
                     }
-                    let Out::U32(d) = &mut out else { return Err(dtype_mismatch("argmax")) };
+                    let Out::U32(d) = &mut out else {
+                        return Err(dtype_mismatch("argmax"));
+                    };
                     d[dst] = best as u32;
                 }
                 ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min | ReduceOp::LogSumExp => {
@@ -92,7 +94,9 @@ fn softmax_typed<T: Float>(x: &[T], (outer, n, inner): Dims, out: &mut [T]) {
         })
     };
     if outer * n * inner >= PAR_MIN && outer > 1 {
-        x.par_chunks(n * inner).zip(out.par_chunks_mut(n * inner)).for_each(block);
+        x.par_chunks(n * inner)
+            .zip(out.par_chunks_mut(n * inner))
+            .for_each(block);
     } else {
         x.chunks(n * inner).zip(out.chunks_mut(n * inner)).for_each(block);
     }
