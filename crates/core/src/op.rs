@@ -141,7 +141,7 @@ pub enum Op {
         has_bias: bool,
     },
     /// Rotary embedding of `x [B, H, T, D]` at `positions` (`i32 [T]` or `[B, T]`) with
-    /// `inv_freq [dims/2]`: angle = position · scale · inv_freq[i]. Half-split pairs
+    /// `inv_freq [dims/2]`: angle = position · scale · `inv_freq[i]`. Half-split pairs
     /// `(i, i + dims/2)`, or interleaved pairs `(2i, 2i+1)`. Channels past `dims` pass through.
     Rope {
         dims: usize,

@@ -188,3 +188,29 @@ fn weight_operands_are_widened_in_kernels_not_cast() {
     assert_eq!(b.dtype(y), DType::F32);
     assert!(astypes(&b.finish(&[y])).is_empty());
 }
+
+#[test]
+fn writes_to_one_state_form_a_chain() {
+    let mut b = GraphBuilder::default();
+    let cache = b.state("k", DType::F32, &[1, 1, 8, 4]);
+    let new = b.input("new", DType::F32, &[1, 1, 1, 4]);
+    let q = b.input("q", DType::F32, &[1, 1, 1, 4]);
+    let pos = b.input("pos", DType::I32, &[]);
+    let first = b.kv_write(cache, new, pos).unwrap();
+    let e = err(b.kv_write(cache, new, pos));
+    assert!(e.contains("later write"), "forking writes from one state: {e}");
+    let e = err(b.attention(q, cache, cache, pos, 1.0, true, None, None));
+    assert!(e.contains("later write"), "reading the stale cache: {e}");
+    let second = b.kv_write(first, new, pos).unwrap();
+    b.attention(q, second, second, pos, 1.0, true, None, None).unwrap();
+}
+
+#[test]
+fn fractional_weak_scalars_promote_integer_tensors() {
+    let mut b = GraphBuilder::default();
+    let x = b.input("x", DType::I32, &[2]);
+    let half = b.mul_scalar(x, 0.5).unwrap();
+    assert_eq!(b.dtype(half), DType::F32);
+    let twice = b.mul_scalar(x, 2.0).unwrap();
+    assert_eq!(b.dtype(twice), DType::I32);
+}

@@ -20,6 +20,9 @@ pub struct GraphBuilder {
     graph: Graph,
     options: BuilderOptions,
     layer: Option<u32>,
+    /// The latest `KvWrite` of each state: writes to one state form a chain, and readers see
+    /// the latest version, so the order of effects is the order of the graph.
+    latest_write: std::collections::HashMap<NodeId, NodeId>,
 }
 
 impl Default for GraphBuilder {
@@ -34,6 +37,7 @@ impl GraphBuilder {
             graph: Graph::default(),
             options,
             layer: None,
+            latest_write: Default::default(),
         }
     }
 
@@ -289,9 +293,15 @@ impl GraphBuilder {
         self.binary(BinaryOp::Minimum, a, b)
     }
 
-    /// A Python-style ("weak") scalar: it takes `x`'s dtype instead of promoting it.
+    /// A Python-style ("weak") scalar: it takes `x`'s dtype instead of promoting it, except
+    /// that a fractional value with an integer tensor is f32 (as `int_array * 0.5` is in MLX).
     pub fn weak_scalar(&mut self, x: NodeId, value: f32) -> NodeId {
         let dtype = self.dtype(x);
+        let dtype = if !dtype.is_float() && value.fract() != 0.0 {
+            DType::F32
+        } else {
+            dtype
+        };
         self.scalar(value, dtype)
     }
     pub fn mul_scalar(&mut self, x: NodeId, value: f32) -> Result<NodeId> {

@@ -338,6 +338,8 @@ impl GraphBuilder {
             return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
         }
         self.check_len(op, "kv_len", kv_len, sq[0])?;
+        self.check_latest(op, k)?;
+        self.check_latest(op, v)?;
         if self.dtype(k) != self.dtype(v) {
             return Err(Error::DType(format!(
                 "attention: k is {} but v is {}",
@@ -361,16 +363,36 @@ impl GraphBuilder {
         ))
     }
 
-    /// Writes `new [B, H, T, D]` into `cache` (a state, or a previous write to one) at `pos`.
-    pub fn kv_write(&mut self, cache: NodeId, new: NodeId, pos: NodeId) -> Result<NodeId> {
-        let op = "kv_write";
-        let mut root = cache;
+    /// The state behind `x` if `x` is a state or a write to one.
+    fn state_root(&self, x: NodeId) -> Option<NodeId> {
+        let mut root = x;
         while let Op::KvWrite = self.graph().node(root).op {
             root = self.graph().node(root).inputs[0];
         }
-        if !matches!(self.graph().node(root).op, Op::State { .. }) {
-            return Err(Error::Invalid("kv_write: the cache must be a state node".into()));
+        matches!(self.graph().node(root).op, Op::State { .. }).then_some(root)
+    }
+
+    /// Fails when `x` is a version of a state that a later write has replaced.
+    fn check_latest(&self, op: &'static str, x: NodeId) -> Result<()> {
+        if let Some(root) = self.state_root(x) {
+            let latest = self.latest_write.get(&root).copied().unwrap_or(root);
+            if latest != x {
+                return Err(Error::Invalid(format!(
+                    "{op}: reads state node {} after a later write to it",
+                    root.0
+                )));
+            }
         }
+        Ok(())
+    }
+
+    /// Writes `new [B, H, T, D]` into `cache` (a state, or the latest write to one) at `pos`.
+    pub fn kv_write(&mut self, cache: NodeId, new: NodeId, pos: NodeId) -> Result<NodeId> {
+        let op = "kv_write";
+        let Some(root) = self.state_root(cache) else {
+            return Err(Error::Invalid("kv_write: the cache must be a state node".into()));
+        };
+        self.check_latest(op, cache)?;
         let (sc, sn) = (self.shape(cache).to_vec(), self.shape(new).to_vec());
         if sc.len() != 4 || sn.len() != 4 || sc[0] != sn[0] || sc[1] != sn[1] || sc[3] != sn[3] || sn[2] > sc[2] {
             return Err(shape_err(op, format!("new {sn:?} does not fit cache {sc:?}")));
@@ -378,7 +400,9 @@ impl GraphBuilder {
         self.check_len(op, "pos", pos, sc[0])?;
         let dtype = self.dtype(cache);
         let new = self.cast(new, dtype, op);
-        Ok(self.push(Op::KvWrite, vec![cache, new, pos], sc, dtype, op))
+        let write = self.push(Op::KvWrite, vec![cache, new, pos], sc, dtype, op);
+        self.latest_write.insert(root, write);
+        Ok(write)
     }
 
     /// Rows of `table [V, D]` at `ids [..]`.

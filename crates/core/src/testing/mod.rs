@@ -1,5 +1,5 @@
 //! Backend-independent op tests: each [`OpCase`] is a small graph with inputs and the
-//! expected outputs from [`reference`], a naive f64 interpreter written for clarity only.
+//! expected outputs from [`reference::evaluate`], a naive f64 interpreter written for clarity only.
 //! The CPU backend runs every case against it; the CUDA backend runs the same cases.
 
 pub mod cases;

@@ -1,7 +1,7 @@
 //! A naive interpreter of whole graphs: the oracle every backend's op cases are checked against.
 //! It is written to be obviously right, not fast: every value is a row-major `Vec<f64>`, every op
 //! is a plain loop that follows its doc comment in [`crate::op`], and each node's result is
-//! rounded to the node's dtype exactly as storing it would round ([`round_to`]).
+//! rounded to the node's dtype exactly as storing it would round (`round_to`).
 //!
 //! Choices the op docs leave open, made here (backends must agree):
 //! - integer arithmetic is exact and then saturates on storing, like `AsType` (the op cases
@@ -769,4 +769,664 @@ fn sample_categorical(logits: &Value, counter: &Value, seed: u64) -> Vec<f64> {
             first_argmax(&noisy) as f64
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The oracle checked against numbers derived by hand, not by the code.
+
+    use std::f32::consts::{FRAC_PI_2, PI as PI32};
+
+    use super::*;
+    use crate::graph::NodeId;
+    use crate::GraphBuilder;
+
+    fn tensor(dtype: DType, shape: &[usize], values: &[f32]) -> HostTensor {
+        HostTensor::from_f32(dtype, shape, values).unwrap()
+    }
+
+    /// Evaluates the single output `out` of `b` with no initial states.
+    fn eval1(b: GraphBuilder, out: NodeId, inputs: &[HostTensor]) -> Vec<f64> {
+        evaluate(&b.finish(&[out]), inputs, &[]).unwrap()[0].to_f64_vec()
+    }
+
+    fn assert_close(got: &[f64], want: &[f64], tol: f64) {
+        assert_eq!(got.len(), want.len(), "got {got:?}, want {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= tol, "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn softmax_of_zero_and_ln3_is_a_quarter_and_three_quarters() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[2], &[0.0, 3f32.ln()]));
+        let y = b.softmax(x, -1).unwrap();
+        assert_close(&eval1(b, y, &[]), &[0.25, 0.75], 1e-7);
+    }
+
+    #[test]
+    fn logsumexp_of_zero_and_ln3_is_ln4() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[2], &[0.0, 3f32.ln()]));
+        let y = b.reduce(ReduceOp::LogSumExp, x, 0, false).unwrap();
+        assert_close(&eval1(b, y, &[]), &[4f64.ln()], 1e-6);
+    }
+
+    #[test]
+    fn reductions_along_a_middle_axis_with_and_without_keepdims() {
+        // x[i, j, k] = 4i + 2j + k over [2, 2, 2]; summing j gives 8i + 2 + 2k.
+        let values: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        for keepdims in [false, true] {
+            let mut b = GraphBuilder::default();
+            let x = b.constant(tensor(DType::F32, &[2, 2, 2], &values));
+            let y = b.sum(x, 1, keepdims).unwrap();
+            let g = b.finish(&[y]);
+            let out = &evaluate(&g, &[], &[]).unwrap()[0];
+            assert_eq!(out.shape, if keepdims { vec![2, 1, 2] } else { vec![2, 2] });
+            assert_eq!(out.to_f64_vec(), [2.0, 4.0, 10.0, 12.0]);
+        }
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_maxima() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[2, 4], &[1.0, 5.0, 5.0, 2.0, 7.0, 0.0, 7.0, 7.0]));
+        let y = b.argmax(x, -1).unwrap();
+        assert_eq!(b.dtype(y), DType::U32);
+        assert_eq!(eval1(b, y, &[]), [1.0, 0.0]);
+    }
+
+    #[test]
+    fn cumsum_is_inclusive_both_ways() {
+        for (reverse, want) in [(false, [1.0, 3.0, 6.0]), (true, [6.0, 5.0, 3.0])] {
+            let mut b = GraphBuilder::default();
+            let x = b.constant(tensor(DType::I32, &[3], &[1.0, 2.0, 3.0]));
+            let y = b.cumsum(x, 0, reverse).unwrap();
+            assert_eq!(eval1(b, y, &[]), want);
+        }
+    }
+
+    #[test]
+    fn erf_matches_tabulated_values() {
+        // Abramowitz and Stegun, table 7.1.
+        let table = [
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 0.999_977_909_503_001_4),
+        ];
+        for (x, want) in table {
+            assert!((erf(x) - want).abs() < 1e-14, "erf({x}) = {}", erf(x));
+            assert!((erf(-x) + want).abs() < 1e-14);
+        }
+        assert_eq!(erf(0.0), 0.0);
+        assert_eq!(erf(7.0), 1.0);
+    }
+
+    #[test]
+    fn gelu_of_one_is_phi_of_one() {
+        // gelu(x) = x Φ(x), and Φ(1) = 0.841344746068543.
+        assert!((unary(UnaryOp::GeluErf, 1.0) - 0.841_344_746_068_543).abs() < 1e-14);
+        assert_eq!(unary(UnaryOp::GeluErf, 0.0), 0.0);
+    }
+
+    #[test]
+    fn softcap_of_ln3_with_cap_2_is_1() {
+        // tanh(ln 3 / 2) = (3 - 1) / (3 + 1) = 1/2.
+        assert!((unary(UnaryOp::Softcap(2.0), 3f64.ln()) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn results_round_to_the_node_dtype() {
+        // 1/3 = 1.0101010101|01…b × 2⁻²: f16 keeps 11 bits (rounds down to 0.333251953125),
+        // bf16 keeps 8 (1.0101010|1… rounds up to 0.333984375).
+        for (dtype, want) in [(DType::F16, 0.333_251_953_125), (DType::BF16, 0.333_984_375)] {
+            let mut b = GraphBuilder::default();
+            let one = b.input("one", dtype, &[1]);
+            let three = b.input("three", dtype, &[1]);
+            let y = b.div(one, three).unwrap();
+            let inputs = [tensor(dtype, &[1], &[1.0]), tensor(dtype, &[1], &[3.0])];
+            assert_eq!(eval1(b, y, &inputs), [want]);
+        }
+    }
+
+    #[test]
+    fn rounding_agrees_with_convert_elements_bit_for_bit() {
+        let mut rng = crate::rng::SplitMix64(3);
+        let mut values: Vec<f32> = (0..2000)
+            .map(|i| rng.next_signed() * [1.0, 300.0, 7e4, 5e9][i % 4])
+            .collect();
+        values.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            65520.0,
+            1e-8,
+            2.5,
+            -2.5,
+            255.9,
+            -1.0,
+        ]);
+        let src: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for to in DType::ALL {
+            let mut dst = vec![0u8; values.len() * to.size()];
+            crate::tensor::convert_elements(DType::F32, &src, to, &mut dst);
+            let want = HostTensor::from_bytes(to, vec![values.len()], Storage::from_vec(dst)).unwrap();
+            let ours = Value {
+                shape: vec![values.len()],
+                data: values.iter().map(|&v| round_to(to, v as f64)).collect(),
+            };
+            assert_eq!(to_host(to, &ours).unwrap().bytes(), want.bytes(), "to {to}");
+        }
+    }
+
+    #[test]
+    fn astype_truncates_toward_zero_and_saturates() {
+        let x = [-2.7, 2.7, -1.0, 3e9, f32::NAN];
+        for (to, want) in [
+            (DType::I32, [-2.0, 2.0, -1.0, i32::MAX as f64, 0.0]),
+            (DType::U32, [0.0, 2.0, 0.0, 3e9, 0.0]),
+            (DType::Bool, [1.0, 1.0, 1.0, 1.0, 1.0]),
+        ] {
+            let mut b = GraphBuilder::default();
+            let c = b.constant(tensor(DType::F32, &[5], &x));
+            let y = b.astype(c, to);
+            assert_eq!(eval1(b, y, &[]), want, "to {to}");
+        }
+    }
+
+    #[test]
+    fn matmul_of_two_by_two_matrices() {
+        // [[1, 2], [3, 4]] @ [[5, 6], [7, 8]] = [[19, 22], [43, 50]]; @ its transpose:
+        // [[1·5 + 2·6, 1·7 + 2·8], [3·5 + 4·6, 3·7 + 4·8]] = [[17, 23], [39, 53]].
+        for (transpose, want) in [(false, [19.0, 22.0, 43.0, 50.0]), (true, [17.0, 23.0, 39.0, 53.0])] {
+            let mut b = GraphBuilder::default();
+            let x = b.input("x", DType::F32, &[2, 2]);
+            let w = b.parameter("w", tensor(DType::F32, &[2, 2], &[5.0, 6.0, 7.0, 8.0]));
+            let y = if transpose {
+                b.matmul_t(x, w).unwrap()
+            } else {
+                b.matmul(x, w).unwrap()
+            };
+            assert_eq!(eval1(b, y, &[tensor(DType::F32, &[2, 2], &[1.0, 2.0, 3.0, 4.0])]), want);
+        }
+    }
+
+    #[test]
+    fn matmul_with_batched_b_pairs_batches() {
+        // Batch 0: [1, 1] @ I = [1, 1]; batch 1: [1, 1] @ 2I = [2, 2].
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F32, &[2, 1, 2]);
+        let w = b.input("w", DType::F32, &[2, 2, 2]);
+        let y = b.matmul(x, w).unwrap();
+        let inputs = [
+            tensor(DType::F32, &[2, 1, 2], &[1.0; 4]),
+            tensor(DType::F32, &[2, 2, 2], &[1.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 2.0]),
+        ];
+        assert_eq!(eval1(b, y, &inputs), [1.0, 1.0, 2.0, 2.0]);
+    }
+
+    /// One 4-bit row of K = 32: word 0 holds q₀ = 1 and q₁ = 2 (low nibbles first), all other
+    /// elements are 0; scale 0.5 and bias -1 make the row [-0.5, 0, -1, -1, …].
+    fn hand_packed_row(b: &mut GraphBuilder, rows: usize) -> [NodeId; 3] {
+        let mut words = vec![0u32; 4 * rows];
+        for r in 0..rows {
+            words[4 * r] = 0x21;
+        }
+        let w = b.parameter("w", HostTensor::from_slice(&[rows, 4], &words).unwrap());
+        let s = b.parameter("s", tensor(DType::F32, &[rows, 1], &vec![0.5; rows]));
+        let z = b.parameter("z", tensor(DType::F32, &[rows, 1], &vec![-1.0; rows]));
+        [w, s, z]
+    }
+
+    #[test]
+    fn quantized_matmul_on_a_hand_packed_word() {
+        // x = [1, 1, 0, …, 0, 2]: 1·(-0.5) + 1·0 + 2·(-1) = -2.5.
+        let mut b = GraphBuilder::default();
+        let [w, s, z] = hand_packed_row(&mut b, 1);
+        let x = b.input("x", DType::F32, &[1, 32]);
+        let y = b.quantized_matmul(x, w, s, z, 4, 32).unwrap();
+        let mut xs = vec![0.0; 32];
+        xs[0] = 1.0;
+        xs[1] = 1.0;
+        xs[31] = 2.0;
+        assert_eq!(eval1(b, y, &[tensor(DType::F32, &[1, 32], &xs)]), [-2.5]);
+    }
+
+    #[test]
+    fn quantized_gather_dequantizes_the_row() {
+        let mut b = GraphBuilder::default();
+        let [w, s, z] = hand_packed_row(&mut b, 2);
+        let ids = b.constant(tensor(DType::U32, &[1], &[1.0]));
+        let y = b.quantized_gather(w, s, z, ids, 4, 32).unwrap();
+        let mut want = vec![-1.0; 32];
+        want[0] = -0.5;
+        want[1] = 0.0;
+        assert_eq!(eval1(b, y, &[]), want);
+    }
+
+    #[test]
+    fn gather_qmm_picks_each_tokens_experts() {
+        // All q = 0; expert e has bias e + 1, so its row is all e + 1 and x = ones (K = 32)
+        // gives 32 (e + 1). Ids [1, 0] → [64, 32].
+        let mut b = GraphBuilder::default();
+        let w = b.parameter("w", HostTensor::from_slice(&[2, 1, 4], &[0u32; 8]).unwrap());
+        let s = b.parameter("s", tensor(DType::F32, &[2, 1, 1], &[1.0, 1.0]));
+        let z = b.parameter("z", tensor(DType::F32, &[2, 1, 1], &[1.0, 2.0]));
+        let x = b.constant(tensor(DType::F32, &[1, 32], &[1.0; 32]));
+        let ids = b.constant(tensor(DType::U32, &[2], &[1.0, 0.0]));
+        let y = b.gather_qmm(x, w, s, z, ids, 4, 32).unwrap();
+        assert_eq!(b.shape(y), [2, 1]);
+        assert_eq!(eval1(b, y, &[]), [64.0, 32.0]);
+    }
+
+    #[test]
+    fn rms_norm_of_plus_minus_two_is_plus_minus_one() {
+        // mean(x²) = 4, so x / 2; with unit_offset and w = 1 the scale is 2.
+        for (unit_offset, k) in [(false, 1.0), (true, 2.0)] {
+            let mut b = GraphBuilder::default();
+            let x = b.constant(tensor(DType::F32, &[4], &[2.0, -2.0, 2.0, -2.0]));
+            let w = b.parameter("w", tensor(DType::F32, &[4], &[1.0; 4]));
+            let y = b.rms_norm(x, w, 0.0, unit_offset).unwrap();
+            assert_eq!(eval1(b, y, &[]), [k, -k, k, -k]);
+        }
+    }
+
+    #[test]
+    fn layer_norm_of_one_two_three() {
+        // mean 2, variance 2/3: (x - 2) · √(3/2); then · w + b with w = 2, b = 1.
+        let r = 1.5f64.sqrt();
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[3], &[1.0, 2.0, 3.0]));
+        let w = b.parameter("w", tensor(DType::F32, &[3], &[2.0; 3]));
+        let bias = b.parameter("b", tensor(DType::F32, &[3], &[1.0; 3]));
+        let plain = b.layer_norm(x, None, None, 0.0).unwrap();
+        let affine = b.layer_norm(x, Some(w), Some(bias), 0.0).unwrap();
+        let only_bias = b.layer_norm(x, None, Some(bias), 0.0).unwrap();
+        let out = evaluate(&b.finish(&[plain, affine, only_bias]), &[], &[]).unwrap();
+        assert_close(&out[0].to_f64_vec(), &[-r, 0.0, r], 1e-6);
+        assert_close(&out[1].to_f64_vec(), &[1.0 - 2.0 * r, 1.0, 1.0 + 2.0 * r], 1e-6);
+        assert_close(&out[2].to_f64_vec(), &[1.0 - r, 1.0, 1.0 + r], 1e-6);
+    }
+
+    /// Rope of x = [1, 2, 3, 4] (one head, one token) at `position` with inv_freq [π/2, π][..dims/2].
+    fn rope_of_1234(dims: usize, interleaved: bool, positions: HostTensor, scale: f32, batch: usize) -> Vec<f64> {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(
+            DType::F32,
+            &[batch, 1, 1, 4],
+            &[1.0, 2.0, 3.0, 4.0].repeat(batch),
+        ));
+        let p = b.input("positions", positions.dtype, &positions.shape);
+        let f = b.constant(tensor(DType::F32, &[dims / 2], &[FRAC_PI_2, PI32][..dims / 2]));
+        let y = b.rope(x, p, f, dims, interleaved, scale).unwrap();
+        eval1(b, y, &[positions])
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_quarter_and_half_turns() {
+        let at_one = || tensor(DType::I32, &[1], &[1.0]);
+        // Interleaved pairs (1, 2) by 90° → (-2, 1); (3, 4) by 180° → (-3, -4).
+        assert_close(&rope_of_1234(4, true, at_one(), 1.0, 1), &[-2.0, 1.0, -3.0, -4.0], 1e-6);
+        // Half-split pairs (x0, x2) = (1, 3) by 90° → (-3, 1); (x1, x3) = (2, 4) by 180° → (-2, -4).
+        assert_close(
+            &rope_of_1234(4, false, at_one(), 1.0, 1),
+            &[-3.0, -2.0, 1.0, -4.0],
+            1e-6,
+        );
+        // dims 2 < D: pair (1, 2) by 90°, channels 2 and 3 pass through.
+        assert_close(&rope_of_1234(2, false, at_one(), 1.0, 1), &[-2.0, 1.0, 3.0, 4.0], 1e-6);
+        // Position 2 at scale 1/2 is the same angle.
+        let at_two = tensor(DType::I32, &[1], &[2.0]);
+        assert_close(&rope_of_1234(2, true, at_two, 0.5, 1), &[-2.0, 1.0, 3.0, 4.0], 1e-6);
+        // Positions [B, T]: row 0 at position 0 is unchanged, row 1 at position 1 rotates.
+        let per_row = tensor(DType::I32, &[2, 1], &[0.0, 1.0]);
+        assert_close(
+            &rope_of_1234(2, false, per_row, 1.0, 2),
+            &[1.0, 2.0, 3.0, 4.0, -2.0, 1.0, 3.0, 4.0],
+            1e-6,
+        );
+    }
+
+    /// Attention of `q` over keys/values laid out `[1, heads, S, D]` with the given kv_len.
+    fn attend(
+        q: (&[usize], &[f32]),
+        k: (&[usize], &[f32]),
+        v: (&[usize], &[f32]),
+        kv_len: i32,
+        mask: Mask,
+    ) -> Result<Vec<f64>> {
+        attend_capped(q, k, v, kv_len, mask, None)
+    }
+
+    fn attend_capped(
+        q: (&[usize], &[f32]),
+        k: (&[usize], &[f32]),
+        v: (&[usize], &[f32]),
+        kv_len: i32,
+        mask: Mask,
+        softcap: Option<f32>,
+    ) -> Result<Vec<f64>> {
+        let mut b = GraphBuilder::default();
+        let q = b.constant(tensor(DType::F32, q.0, q.1));
+        let k = b.constant(tensor(DType::F32, k.0, k.1));
+        let v = b.constant(tensor(DType::F32, v.0, v.1));
+        let len = b.input("kv_len", DType::I32, &[]);
+        let y = b
+            .attention(q, k, v, len, 1.0, mask.causal, mask.window, softcap)
+            .unwrap();
+        let out = evaluate(&b.finish(&[y]), &[tensor(DType::I32, &[], &[kv_len as f32])], &[])?;
+        Ok(out[0].to_f64_vec())
+    }
+
+    const FULL: Mask = Mask {
+        causal: false,
+        window: None,
+    };
+    const CAUSAL: Mask = Mask {
+        causal: true,
+        window: None,
+    };
+
+    #[test]
+    fn attention_with_one_key_returns_its_value() {
+        let out = attend(
+            (&[1, 1, 1, 2], &[0.3, -0.7]),
+            (&[1, 1, 1, 2], &[5.0, 1.0]),
+            (&[1, 1, 1, 3], &[1.0, 2.0, 3.0]),
+            1,
+            CAUSAL,
+        );
+        assert_close(&out.unwrap(), &[1.0, 2.0, 3.0], 1e-7);
+    }
+
+    #[test]
+    fn causal_mask_on_two_by_two() {
+        // q = 0 makes all scores equal, so each query averages the values it sees: v = [1, 3].
+        let (q, k, v) = (
+            (&[1, 1, 2, 1][..], &[0.0, 0.0][..]),
+            (&[1, 1, 2, 1][..], &[1.0, 2.0][..]),
+            (&[1, 1, 2, 1][..], &[1.0, 3.0][..]),
+        );
+        assert_close(&attend(q, k, v, 2, CAUSAL).unwrap(), &[1.0, 2.0], 1e-7);
+        assert_close(&attend(q, k, v, 2, FULL).unwrap(), &[2.0, 2.0], 1e-7);
+    }
+
+    #[test]
+    fn only_the_first_kv_len_keys_count() {
+        // One query at position 1 with capacity 3: the third slot (value 100) is ignored.
+        let zeros = [0.0; 3];
+        let out = attend(
+            (&[1, 1, 1, 1], &[0.0]),
+            (&[1, 1, 3, 1], &zeros),
+            (&[1, 1, 3, 1], &[1.0, 3.0, 100.0]),
+            2,
+            FULL,
+        );
+        assert_close(&out.unwrap(), &[2.0], 1e-7);
+    }
+
+    #[test]
+    fn a_window_of_two_sees_the_last_two_keys() {
+        // The query sits at position 2; keys j > 2 - 2 are 1 and 2: mean of 3 and 5.
+        let zeros = [0.0; 3];
+        let mask = Mask {
+            causal: true,
+            window: Some(2),
+        };
+        let out = attend(
+            (&[1, 1, 1, 1], &[0.0]),
+            (&[1, 1, 3, 1], &zeros),
+            (&[1, 1, 3, 1], &[1.0, 3.0, 5.0]),
+            3,
+            mask,
+        );
+        assert_close(&out.unwrap(), &[4.0], 1e-7);
+    }
+
+    #[test]
+    fn softcap_bounds_scores_before_softmax() {
+        // Scores [0, ln 3] capped at 2 become [0, 1] (see softcap_of_ln3…): weights
+        // [1, e] / (1 + e), and v = [0, 1] gives e / (1 + e).
+        let e = std::f64::consts::E;
+        let out = attend_capped(
+            (&[1, 1, 1, 1], &[3f32.ln()]),
+            (&[1, 1, 2, 1], &[0.0, 1.0]),
+            (&[1, 1, 2, 1], &[0.0, 1.0]),
+            2,
+            FULL,
+            Some(2.0),
+        );
+        assert_close(&out.unwrap(), &[e / (1.0 + e)], 1e-6);
+    }
+
+    #[test]
+    fn query_heads_share_kv_heads_in_groups() {
+        // Hq = 4 over Hkv = 2, one key each: heads 0, 1 read kv head 0 (value 10), heads 2, 3 kv head 1.
+        let out = attend(
+            (&[1, 4, 1, 1], &[0.0; 4]),
+            (&[1, 2, 1, 1], &[0.0; 2]),
+            (&[1, 2, 1, 1], &[10.0, 20.0]),
+            1,
+            CAUSAL,
+        );
+        assert_close(&out.unwrap(), &[10.0, 10.0, 20.0, 20.0], 1e-7);
+    }
+
+    #[test]
+    fn attention_rejects_kv_len_outside_queries_to_capacity() {
+        let (q, k, v) = (
+            (&[1, 1, 2, 1][..], &[0.0; 2][..]),
+            (&[1, 1, 3, 1][..], &[0.0; 3][..]),
+            (&[1, 1, 3, 1][..], &[0.0; 3][..]),
+        );
+        for bad in [1, 4, -1] {
+            assert!(
+                matches!(attend(q, k, v, bad, CAUSAL), Err(Error::Runtime(_))),
+                "kv_len {bad}"
+            );
+        }
+        assert!(attend(q, k, v, 3, CAUSAL).is_ok());
+    }
+
+    #[test]
+    fn kv_write_updates_a_given_state_and_unlisted_states_start_at_zero() {
+        let mut b = GraphBuilder::default();
+        let cache = b.state("k", DType::F32, &[1, 1, 3, 1]);
+        let other = b.state("v", DType::F32, &[1, 1, 3, 1]);
+        let new = b.input("new", DType::F32, &[1, 1, 1, 1]);
+        let pos = b.input("pos", DType::I32, &[]);
+        let k = b.kv_write(cache, new, pos).unwrap();
+        let v = b.kv_write(other, new, pos).unwrap();
+        let g = b.finish(&[k, v, cache]);
+        let inputs = [
+            tensor(DType::F32, &[1, 1, 1, 1], &[9.0]),
+            tensor(DType::I32, &[], &[1.0]),
+        ];
+        let states = [("k".to_string(), tensor(DType::F32, &[1, 1, 3, 1], &[1.0, 2.0, 3.0]))];
+        let out = evaluate(&g, &inputs, &states).unwrap();
+        assert_eq!(out[0].to_f64_vec(), [1.0, 9.0, 3.0]);
+        assert_eq!(out[1].to_f64_vec(), [0.0, 9.0, 0.0]);
+        assert_eq!(
+            out[2].to_f64_vec(),
+            [1.0, 2.0, 3.0],
+            "the state node itself is the value before writes"
+        );
+    }
+
+    #[test]
+    fn kv_write_past_the_end_is_a_runtime_error() {
+        let mut b = GraphBuilder::default();
+        let cache = b.state("k", DType::F32, &[1, 1, 3, 1]);
+        let new = b.input("new", DType::F32, &[1, 1, 2, 1]);
+        let pos = b.input("pos", DType::I32, &[]);
+        let k = b.kv_write(cache, new, pos).unwrap();
+        let g = b.finish(&[k]);
+        let run = |p: f32| {
+            evaluate(
+                &g,
+                &[
+                    tensor(DType::F32, &[1, 1, 2, 1], &[1.0, 2.0]),
+                    tensor(DType::I32, &[], &[p]),
+                ],
+                &[],
+            )
+        };
+        assert!(run(1.0).is_ok());
+        assert!(matches!(run(2.0), Err(Error::Runtime(_))));
+        assert!(matches!(run(-1.0), Err(Error::Runtime(_))));
+    }
+
+    #[test]
+    fn gather_rejects_ids_out_of_range() {
+        let mut b = GraphBuilder::default();
+        let table = b.parameter("t", tensor(DType::F32, &[3, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]));
+        let ids = b.input("ids", DType::I32, &[2]);
+        let y = b.gather(table, ids).unwrap();
+        let g = b.finish(&[y]);
+        let run = |a: f32, c: f32| evaluate(&g, &[tensor(DType::I32, &[2], &[a, c])], &[]);
+        assert_eq!(run(2.0, 0.0).unwrap()[0].to_f64_vec(), [4.0, 5.0, 0.0, 1.0]);
+        assert!(matches!(run(3.0, 0.0), Err(Error::Runtime(_))));
+        assert!(matches!(run(0.0, -1.0), Err(Error::Runtime(_))));
+    }
+
+    #[test]
+    fn take_along_axis_reads_the_indexed_entries() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[2, 3], &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0]));
+        let idx = b.constant(tensor(DType::U32, &[2, 2], &[2.0, 0.0, 1.0, 1.0]));
+        let y = b.take_along_axis(x, idx, -1).unwrap();
+        assert_eq!(eval1(b, y, &[]), [30.0, 10.0, 50.0, 50.0]);
+    }
+
+    #[test]
+    fn topk_breaks_ties_by_lower_index() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[4], &[1.0, 3.0, 3.0, 2.0]));
+        let y = b.topk(x, 3).unwrap();
+        assert_eq!(eval1(b, y, &[]), [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn argsort_is_stable_both_ways() {
+        // [2, 1, 2, 0]: ascending 0 (3), 1 (1), 2 (0), 2 (2); descending 2 (0), 2 (2), 1, 0.
+        for (descending, want) in [(false, [3.0, 1.0, 0.0, 2.0]), (true, [0.0, 2.0, 1.0, 3.0])] {
+            let mut b = GraphBuilder::default();
+            let x = b.constant(tensor(DType::I32, &[4], &[2.0, 1.0, 2.0, 0.0]));
+            let y = b.argsort(x, descending).unwrap();
+            assert_eq!(eval1(b, y, &[]), want);
+        }
+    }
+
+    #[test]
+    fn layout_ops_on_a_two_by_three() {
+        // x = [[0, 1, 2], [3, 4, 5]].
+        let values = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[2, 3], &values));
+        let t = b.transpose(x, &[1, 0]).unwrap();
+        let s = b.slice(x, &[0, 0], &[2, 3], &[1, 2]).unwrap();
+        let extra = b.constant(tensor(DType::F32, &[2, 1], &[6.0, 7.0]));
+        let c = b.concat(&[x, extra], 1).unwrap();
+        let col = b.constant(tensor(DType::F32, &[2, 1], &[1.0, 2.0]));
+        let bc = b.broadcast_to(col, &[2, 3]).unwrap();
+        let out = evaluate(&b.finish(&[t, s, c, bc]), &[], &[]).unwrap();
+        assert_eq!(out[0].to_f64_vec(), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert_eq!(out[1].to_f64_vec(), [0.0, 2.0, 3.0, 5.0]);
+        assert_eq!(out[2].to_f64_vec(), [0.0, 1.0, 2.0, 6.0, 3.0, 4.0, 5.0, 7.0]);
+        assert_eq!(out[3].to_f64_vec(), [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn where_and_compare_select_elementwise() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[3], &[-1.0, 2.0, 0.0]));
+        let zero = b.scalar(0.0, DType::F32);
+        let positive = b.compare(CompareOp::Gt, x, zero).unwrap();
+        let y = b.where_(positive, x, zero).unwrap();
+        let out = evaluate(&b.finish(&[positive, y]), &[], &[]).unwrap();
+        assert_eq!(out[0].dtype, DType::Bool);
+        assert_eq!(out[0].to_f64_vec(), [0.0, 1.0, 0.0]);
+        assert_eq!(out[1].to_f64_vec(), [0.0, 2.0, 0.0]);
+    }
+
+    #[test]
+    fn sampling_picks_a_logit_no_gumbel_draw_can_overcome() {
+        // Gumbel noise from 24-bit uniforms lies within about [-2.9, 17.3], so a lead of 100 wins.
+        let mut b = GraphBuilder::default();
+        let mut logits = vec![0.0; 10];
+        logits[3] = 100.0;
+        logits[5] = 100.0;
+        let x = b.constant(tensor(DType::F32, &[2, 5], &logits));
+        let counter = b.input("counter", DType::U32, &[]);
+        let y = b.sample_categorical(x, counter, 11).unwrap();
+        assert_eq!(eval1(b, y, &[tensor(DType::U32, &[], &[4.0])]), [3.0, 0.0]);
+    }
+
+    #[test]
+    fn inputs_and_states_of_the_wrong_shape_are_rejected() {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F32, &[2]);
+        let s = b.state("s", DType::F32, &[2]);
+        let y = b.add(x, s).unwrap();
+        let g = b.finish(&[y]);
+        let good = tensor(DType::F32, &[2], &[1.0, 2.0]);
+        assert!(evaluate(&g, &[tensor(DType::F32, &[3], &[0.0; 3])], &[]).is_err());
+        assert!(evaluate(
+            &g,
+            std::slice::from_ref(&good),
+            &[("s".into(), tensor(DType::F16, &[2], &[0.0; 2]))]
+        )
+        .is_err());
+        assert!(evaluate(&g, std::slice::from_ref(&good), &[("nope".into(), good.clone())]).is_err());
+        assert_eq!(
+            evaluate(&g, std::slice::from_ref(&good), &[("s".into(), good.clone())]).unwrap()[0].to_f64_vec(),
+            [2.0, 4.0]
+        );
+    }
+
+    /// The name of every op (each unary, binary, compare and reduce kind counted apart).
+    #[rustfmt::skip]
+    const ALL_OPS: [&str; 58] = [
+        "parameter", "constant", "input", "state",
+        "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "softcap",
+        "sin", "cos",
+        "add", "sub", "mul", "div", "maximum", "minimum",
+        "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "where", "astype",
+        "sum", "max", "min", "argmax", "logsumexp", "softmax", "cumsum",
+        "matmul", "quantized_matmul", "gather_qmm",
+        "rms_norm", "layer_norm", "rope", "attention", "kv_write", "gather", "quantized_gather", "take_along_axis",
+        "reshape", "transpose", "slice", "concat", "broadcast",
+        "topk", "argsort", "sample_categorical",
+    ];
+
+    #[test]
+    fn every_case_builds_evaluates_and_matches_its_graph() {
+        let cases = super::super::cases::all();
+        let mut names = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
+        for case in &cases {
+            assert!(names.insert(case.name.clone()), "duplicate case name {}", case.name);
+            assert_eq!(case.tolerance.len(), case.graph.outputs.len(), "{}", case.name);
+            let out = case.expected().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            assert_eq!(out.len(), case.graph.outputs.len(), "{}", case.name);
+            for (t, &id) in out.iter().zip(&case.graph.outputs) {
+                let node = case.graph.node(id);
+                assert_eq!((t.dtype, &t.shape), (node.dtype, &node.shape), "{}", case.name);
+                // Only the conversion cases feed NaN and infinities on purpose.
+                let finite = t.to_f64_vec().iter().all(|v| v.is_finite());
+                assert!(
+                    finite || case.name.starts_with("astype/"),
+                    "{}: non-finite output",
+                    case.name
+                );
+            }
+            seen.extend(case.graph.nodes.iter().map(|n| n.op.name()));
+        }
+        let missing: Vec<&str> = ALL_OPS.into_iter().filter(|op| !seen.contains(op)).collect();
+        assert!(missing.is_empty(), "ops without a case: {missing:?}");
+        assert!((150..=400).contains(&cases.len()), "{} cases", cases.len());
+    }
 }

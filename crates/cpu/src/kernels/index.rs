@@ -48,12 +48,12 @@ pub fn take_along_axis(
 }
 
 /// Orders indices of one row by value, largest first (`descending`) or smallest first; ties
-/// keep the lower index first; NaN sorts as the smallest value.
+/// keep the lower index first; NaN sorts as the largest value (as numpy and MLX sort it last).
 fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool) {
     let key = |i: u32| {
         let v = x.get_f64(base + i as usize);
         if v.is_nan() {
-            f64::NEG_INFINITY
+            f64::INFINITY
         } else {
             v
         }
