@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use mlxcel_core::rng::SplitMix64;
 use mlxcel_core::{quant, stats, Backend, CompileOptions, DType, Graph, GraphBuilder, HostTensor, NodeId};
 
@@ -221,4 +221,45 @@ pub fn print_report(r: &DemoReport) {
         r.memory.planned_bytes / 1024,
         r.memory.state_bytes / 1024
     );
+}
+
+fn parse_ids(s: &str) -> Result<Vec<i32>> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<i32>()
+                .with_context(|| format!("bad token id {t:?} in --prompt-tokens"))
+        })
+        .collect()
+}
+
+pub fn command(global: &crate::cli::Global, a: crate::cli::DemoArgs) -> Result<()> {
+    let backend = crate::backend(global.device)?;
+    let activations = match DType::parse(&a.activations) {
+        Some(d) if d.is_float() => d,
+        _ => bail!("--activations {}: expected f32, f16 or bf16", a.activations),
+    };
+    let prompt = parse_ids(&a.prompt_tokens)?;
+    if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= a.vocab) {
+        bail!("prompt token {bad} is outside the vocabulary 0..{}", a.vocab);
+    }
+    if a.heads == 0 || a.kv_heads == 0 || a.layers == 0 || a.dim == 0 {
+        bail!("--layers, --dim, --heads and --kv-heads must be positive");
+    }
+    let config = DemoConfig {
+        layers: a.layers,
+        dim: a.dim,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        vocab: a.vocab,
+        capacity: prompt.len() + a.steps,
+        activations,
+    };
+    let report = run(&config, backend.as_ref(), &prompt, a.steps)?;
+    if let Some(path) = a.export_dot {
+        std::fs::write(&path, stats::to_dot(&report.decode_graph))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    print_report(&report);
+    Ok(())
 }

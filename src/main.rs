@@ -1,65 +1,16 @@
 //! The `mlxcel` command line.
 
+mod cli;
 mod demo;
+mod generate;
 
-use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use anyhow::{bail, Result};
+use clap::Parser;
 use mlxcel_core::{Backend, DType};
 
-#[derive(Parser)]
-#[command(
-    name = "mlxcel",
-    version,
-    about = "Run large language models on NVIDIA GPUs and the CPU"
-)]
-struct Cli {
-    /// Where to run.
-    #[arg(long, global = true, value_enum, default_value_t = Device::Auto)]
-    device: Device,
-    #[command(subcommand)]
-    command: Command,
-}
+use cli::{Cli, Command, Device};
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Device {
-    /// CUDA when available, else the CPU.
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run a tiny random-weight decoder through the engine (prefill, then greedy decode).
-    Demo {
-        /// Decoder layers.
-        #[arg(long, default_value_t = 2)]
-        layers: usize,
-        /// Hidden size (a multiple of 32 and of --heads).
-        #[arg(long, default_value_t = 128)]
-        dim: usize,
-        #[arg(long, default_value_t = 4)]
-        heads: usize,
-        #[arg(long, default_value_t = 2)]
-        kv_heads: usize,
-        #[arg(long, default_value_t = 512)]
-        vocab: usize,
-        /// Tokens to generate.
-        #[arg(short = 'n', long, default_value_t = 16)]
-        steps: usize,
-        /// Activation dtype (f32, f16 or bf16); weights stay as stored (4-bit, bf16 scales).
-        #[arg(long, default_value = "f32")]
-        dtype: String,
-        /// Prompt token ids, comma separated.
-        #[arg(long, default_value = "1,2,3,4,5,6,7,8")]
-        prompt_tokens: String,
-        /// Write the decode step graph as Graphviz DOT.
-        #[arg(long)]
-        export_dot: Option<std::path::PathBuf>,
-    },
-}
-
-fn backend(device: Device) -> Result<Box<dyn Backend>> {
+pub fn backend(device: Device) -> Result<Box<dyn Backend>> {
     match device {
         Device::Cpu => Ok(Box::new(mlxcel_cpu::CpuBackend)),
         Device::Cuda => Ok(Box::new(mlxcel_cuda::CudaBackend::new()?)),
@@ -70,60 +21,25 @@ fn backend(device: Device) -> Result<Box<dyn Backend>> {
     }
 }
 
-fn parse_ids(s: &str) -> Result<Vec<i32>> {
-    s.split(',')
-        .map(|t| {
-            t.trim()
-                .parse::<i32>()
-                .with_context(|| format!("bad token id {t:?} in --prompt-tokens"))
-        })
-        .collect()
+/// The activation dtype for `--dtype` on `backend`. On the CPU, `auto` is f32: the CPU is the
+/// oracle, computing in f32 with weights widened inside kernels.
+pub fn compute_dtype(flag: &str, backend: &str) -> Result<DType> {
+    match (flag, backend) {
+        ("auto" | "f32" | "float32", "cpu") => Ok(DType::F32),
+        ("native" | "f16" | "float16" | "bf16" | "bfloat16", _) => {
+            bail!("--dtype {flag} is not available yet (it arrives with single-dtype decode); use auto or f32")
+        }
+        ("auto" | "f32" | "float32", _) => Ok(DType::F32),
+        _ => bail!("--dtype {flag}: expected auto, native, f16, bf16 or f32"),
+    }
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let backend = backend(cli.device)?;
     match cli.command {
-        Command::Demo {
-            layers,
-            dim,
-            heads,
-            kv_heads,
-            vocab,
-            steps,
-            dtype,
-            prompt_tokens,
-            export_dot,
-        } => {
-            let activations = match DType::parse(&dtype) {
-                Some(d) if d.is_float() => d,
-                _ => bail!("--dtype {dtype}: expected f32, f16 or bf16"),
-            };
-            let prompt = parse_ids(&prompt_tokens)?;
-            if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-                bail!("prompt token {bad} is outside the vocabulary 0..{vocab}");
-            }
-            if heads == 0 || kv_heads == 0 || layers == 0 || dim == 0 {
-                bail!("--layers, --dim, --heads and --kv-heads must be positive");
-            }
-            let capacity = prompt.len() + steps;
-            let config = demo::DemoConfig {
-                layers,
-                dim,
-                heads,
-                kv_heads,
-                vocab,
-                capacity,
-                activations,
-            };
-            let report = demo::run(&config, backend.as_ref(), &prompt, steps)?;
-            if let Some(path) = export_dot {
-                std::fs::write(&path, mlxcel_core::stats::to_dot(&report.decode_graph))
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            demo::print_report(&report);
-        }
+        Command::Generate(args) => generate::generate(&cli.global, args),
+        Command::Perplexity(args) => generate::perplexity(&cli.global, args),
+        Command::Demo(args) => demo::command(&cli.global, args),
     }
-    Ok(())
 }
 
 fn main() {

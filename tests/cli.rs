@@ -47,7 +47,7 @@ fn demo_writes_the_decode_graph_as_dot() {
 #[test]
 fn bad_input_is_one_clear_error() {
     for (args, needle) in [
-        (&["demo", "--dtype", "int8"][..], "--dtype int8"),
+        (&["demo", "--activations", "int8"][..], "--activations int8"),
         (&["demo", "--prompt-tokens", "1,x"][..], "bad token id"),
         (&["demo", "--prompt-tokens", "99999"][..], "outside the vocabulary"),
         (&["demo", "--heads", "3"][..], "inconsistent demo shape"),

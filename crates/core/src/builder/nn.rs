@@ -418,6 +418,7 @@ impl GraphBuilder {
         Ok(self.push(Op::Gather, vec![table, ids], shape, dtype, "gather"))
     }
 
+    /// Quantized embedding rows, in the scales' (promoted) dtype as MLX gives them.
     pub fn quantized_gather(
         &mut self,
         w: NodeId,
@@ -426,6 +427,23 @@ impl GraphBuilder {
         ids: NodeId,
         bits: u32,
         group_size: usize,
+    ) -> Result<NodeId> {
+        let dtype = self.float_result("quantized_gather", &[self.dtype(scales), self.dtype(biases)])?;
+        self.quantized_gather_as(w, scales, biases, ids, bits, group_size, dtype)
+    }
+
+    /// Quantized embedding rows dequantized straight into `dtype` (e.g. f32 activations from
+    /// bf16 scales, with no bf16 rounding in between).
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantized_gather_as(
+        &mut self,
+        w: NodeId,
+        scales: NodeId,
+        biases: NodeId,
+        ids: NodeId,
+        bits: u32,
+        group_size: usize,
+        dtype: DType,
     ) -> Result<NodeId> {
         let op = "quantized_gather";
         let d = check_quantized(
@@ -437,13 +455,13 @@ impl GraphBuilder {
             group_size,
         )?;
         check_int(op, "ids", self.dtype(ids))?;
+        check_float(op, "output", dtype)?;
         if self.shape(w).len() != 2 {
             return Err(shape_err(
                 op,
                 format!("packed table {:?} must be rank 2", self.shape(w)),
             ));
         }
-        let dtype = self.float_result(op, &[self.dtype(scales), self.dtype(biases)])?;
         let mut shape = self.shape(ids).to_vec();
         shape.push(d);
         Ok(self.push(

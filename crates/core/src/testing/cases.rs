@@ -708,6 +708,12 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], 1.0));
         }
     }
+    // bf16 scales dequantized straight into f32 (no bf16 rounding of the rows).
+    let mut c = Case::new("quantized_gather/bf16_scales/f32_out/4bit/g64".into());
+    let [w, s, b] = c.quantized("embed", &[40], 64, (4, 64), BF16)?;
+    let ids = c.ints("ids", I32, &[3], 0, 40)?;
+    let y = c.b.quantized_gather_as(w, s, b, ids, 4, 64, F32)?;
+    cases.push(c.finish(&[y], 1.0));
     Ok(())
 }
 

@@ -1,0 +1,9 @@
+//! Generation on top of models: tokenizer, chat templates, sampling, generate, perplexity.
+
+pub mod chat;
+pub mod engine;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use engine::{Engine, FinishReason, GenerateOptions, Generation};
+pub use sampler::SamplerSettings;

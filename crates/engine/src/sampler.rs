@@ -1,0 +1,168 @@
+//! Sampling as graph ops: the settings are data compiled into the step graph, and only the
+//! chosen token id leaves the device. Filters follow mlx-lm's `make_sampler` and
+//! `make_repetition_penalty`: repetition penalty on the raw logits, then top-p, min-p and
+//! top-k masks on the distribution, then temperature and a categorical draw (argmax at 0).
+
+use anyhow::{ensure, Result};
+use mlxcel_core::{CompareOp, DType, GraphBuilder, HostTensor, NodeId, ReduceOp};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerSettings {
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0: off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (1: off).
+    pub top_p: f32,
+    /// Keep tokens at least `min_p` times as likely as the most likely one (0: off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens (1: off).
+    pub repetition_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repetition_context: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerSettings {
+    fn default() -> Self {
+        SamplerSettings {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context: 20,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerSettings {
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.temperature >= 0.0 && self.temperature.is_finite(),
+            "--temp must be ≥ 0, got {}",
+            self.temperature
+        );
+        ensure!(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "--top-p must be in (0, 1], got {}",
+            self.top_p
+        );
+        ensure!(
+            (0.0..1.0).contains(&self.min_p),
+            "--min-p must be in [0, 1), got {}",
+            self.min_p
+        );
+        ensure!(
+            self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite(),
+            "--repetition-penalty must be > 0, got {}",
+            self.repetition_penalty
+        );
+        ensure!(
+            self.repetition_context > 0,
+            "the repetition context must hold at least one token"
+        );
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    pub fn uses_penalty(&self) -> bool {
+        self.repetition_penalty != 1.0
+    }
+}
+
+/// Runtime inputs the sampler adds to a step graph, in this order after the model's.
+pub struct SamplerInputs {
+    /// `u32 []`: the draw counter (random sampling only).
+    pub counter: bool,
+    /// `i32 [W, 1]`: recent token ids, `-1` padded (repetition penalty only).
+    pub recent: bool,
+}
+
+fn neg_inf(b: &mut GraphBuilder) -> NodeId {
+    b.scalar(f32::NEG_INFINITY, DType::F32)
+}
+
+/// `where(keep, l, -inf)`.
+fn mask(b: &mut GraphBuilder, keep: NodeId, l: NodeId) -> Result<NodeId> {
+    let ninf = neg_inf(b);
+    Ok(b.where_(keep, l, ninf)?)
+}
+
+/// Appends the sampler to `logits [1, V]` (f32); returns the token (`u32 [1]`).
+pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Result<(NodeId, SamplerInputs)> {
+    let vocab = b.shape(logits)[1];
+    let mut l = b.astype(logits, DType::F32);
+    let counter = if s.is_greedy() {
+        None
+    } else {
+        Some(b.input("sampler_counter", DType::U32, &[]))
+    };
+    let recent = if s.uses_penalty() {
+        Some(b.input("recent_tokens", DType::I32, &[s.repetition_context, 1]))
+    } else {
+        None
+    };
+    if let Some(recent) = recent {
+        let ids: Vec<i32> = (0..vocab as i32).collect();
+        let iota = b.constant(HostTensor::from_slice(&[vocab], &ids)?);
+        let hits = b.compare(CompareOp::Eq, recent, iota)?; // [W, V]
+        let hits = b.astype(hits, DType::F32);
+        let seen = b.reduce(ReduceOp::Max, hits, 0, true)?; // [1, V]
+        let half = b.scalar(0.5, DType::F32);
+        let seen = b.compare(CompareOp::Gt, seen, half)?;
+        let zero = b.scalar(0.0, DType::F32);
+        let negative = b.compare(CompareOp::Lt, l, zero)?;
+        let up = b.mul_scalar(l, s.repetition_penalty)?;
+        let down = b.mul_scalar(l, 1.0 / s.repetition_penalty)?;
+        let penalized = b.where_(negative, up, down)?;
+        l = b.where_(seen, penalized, l)?;
+    }
+    if s.top_p < 1.0 {
+        // Sorted descending, a token stays if the mass before it is below top_p; the kept
+        // set is every token at or above the smallest kept logit.
+        let order = b.argsort(l, true)?;
+        let sorted = b.take_along_axis(l, order, -1)?;
+        let probs = b.softmax(sorted, -1)?;
+        let cum = b.cumsum(probs, -1, false)?;
+        let before = b.sub(cum, probs)?;
+        let p = b.scalar(s.top_p, DType::F32);
+        let keep = b.compare(CompareOp::Lt, before, p)?;
+        let inf = b.scalar(f32::INFINITY, DType::F32);
+        let kept = b.where_(keep, sorted, inf)?;
+        let threshold = b.reduce(ReduceOp::Min, kept, -1, true)?;
+        let keep = b.compare(CompareOp::Ge, l, threshold)?;
+        l = mask(b, keep, l)?;
+    }
+    if s.min_p > 0.0 {
+        let top = b.reduce(ReduceOp::Max, l, -1, true)?;
+        let threshold = b.add_scalar(top, s.min_p.ln())?;
+        let keep = b.compare(CompareOp::Ge, l, threshold)?;
+        l = mask(b, keep, l)?;
+    }
+    if s.top_k > 0 && s.top_k < vocab {
+        let idx = b.topk(l, s.top_k)?;
+        let vals = b.take_along_axis(l, idx, -1)?;
+        let kth = b.reduce(ReduceOp::Min, vals, -1, true)?;
+        let keep = b.compare(CompareOp::Ge, l, kth)?;
+        l = mask(b, keep, l)?;
+    }
+    let token = match counter {
+        None => b.argmax(l, -1)?,
+        Some(counter) => {
+            let l = b.mul_scalar(l, 1.0 / s.temperature)?;
+            b.sample_categorical(l, counter, s.seed)?
+        }
+    };
+    Ok((
+        token,
+        SamplerInputs {
+            counter: counter.is_some(),
+            recent: recent.is_some(),
+        },
+    ))
+}

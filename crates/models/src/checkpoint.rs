@@ -1,0 +1,153 @@
+//! Safetensors checkpoints, single file or sharded, memory-mapped: tensors are views of the
+//! mapped files (no copies), looked up by their names in the checkpoint.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context, Result};
+use mlxcel_core::tensor::Storage;
+use mlxcel_core::{DType, HostTensor};
+
+struct Entry {
+    file: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    start: usize,
+    len: usize,
+}
+
+pub struct Checkpoint {
+    files: Vec<(PathBuf, Storage)>,
+    tensors: HashMap<String, Entry>,
+}
+
+fn dtype_of(d: safetensors::Dtype, name: &str, path: &Path) -> Result<DType> {
+    Ok(match d {
+        safetensors::Dtype::F32 => DType::F32,
+        safetensors::Dtype::F16 => DType::F16,
+        safetensors::Dtype::BF16 => DType::BF16,
+        safetensors::Dtype::U32 => DType::U32,
+        safetensors::Dtype::I32 => DType::I32,
+        safetensors::Dtype::U8 => DType::U8,
+        safetensors::Dtype::BOOL => DType::Bool,
+        other => bail!(
+            "{}: tensor {name} has dtype {other:?}, which mlxcel does not read",
+            path.display()
+        ),
+    })
+}
+
+impl Checkpoint {
+    /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`, or
+    /// every `*.safetensors` file in `dir`.
+    pub fn open_dir(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+            let map = json["weight_map"]
+                .as_object()
+                .with_context(|| format!("{} has no weight_map object", index.display()))?;
+            let mut names: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("reading model folder {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            found.sort();
+            found
+        };
+        ensure!(!files.is_empty(), "no .safetensors weights in {}", dir.display());
+        Checkpoint::open_files(&files)
+    }
+
+    pub fn open_files(paths: &[PathBuf]) -> Result<Checkpoint> {
+        let mut ck = Checkpoint {
+            files: Vec::new(),
+            tensors: HashMap::new(),
+        };
+        for path in paths {
+            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: the map is read-only; mlxcel never writes checkpoint files, and a file changed
+            // underneath a running process is outside what any mmap-based loader can guard against.
+            let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+            let storage = Storage::new(Arc::new(map));
+            let bytes = storage.bytes();
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
+            let data_start = 8 + header_len;
+            let data_len = bytes.len() - data_start;
+            let file_index = ck.files.len();
+            for (name, info) in meta.tensors() {
+                let dtype = dtype_of(info.dtype, &name, path)?;
+                let (start, end) = info.data_offsets;
+                let elems = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+                let want = elems.and_then(|n| n.checked_mul(dtype.size()));
+                ensure!(
+                    start <= end && end <= data_len && want == Some(end - start),
+                    "{}: tensor {name} claims bytes {start}..{end} for {dtype} {:?}, but the data section holds {data_len} bytes",
+                    path.display(),
+                    info.shape
+                );
+                ensure!(
+                    !ck.tensors.contains_key(&name),
+                    "tensor {name} appears in more than one shard"
+                );
+                let entry = Entry {
+                    file: file_index,
+                    dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + start,
+                    len: end - start,
+                };
+                ck.tensors.insert(name, entry);
+            }
+            ck.files.push((path.clone(), storage));
+        }
+        Ok(ck)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    /// Total bytes of tensor data.
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.values().map(|e| e.len).sum()
+    }
+
+    /// The tensor `name`, as stored.
+    pub fn get(&self, name: &str) -> Result<HostTensor> {
+        let e = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("checkpoint has no tensor {name}"))?;
+        let data = self.files[e.file].1.slice(e.start, e.len)?;
+        Ok(HostTensor::from_bytes(e.dtype, e.shape.clone(), data)?)
+    }
+
+    /// The tensor `name`, which must have `shape`.
+    pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        let t = self.get(name)?;
+        ensure!(
+            t.shape == shape,
+            "tensor {name}: expected shape {shape:?}, found {:?}",
+            t.shape
+        );
+        Ok(t)
+    }
+}

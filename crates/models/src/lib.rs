@@ -1,0 +1,61 @@
+//! Checkpoints and architectures: a model folder (config.json + safetensors) becomes a
+//! [`Transformer`] that builds step graphs. Quantization is decided by the loader per module,
+//! not by model code.
+
+pub mod checkpoint;
+pub mod layers;
+pub mod llama;
+pub mod quant;
+pub mod qwen2;
+pub mod qwen3;
+pub mod transformer;
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+pub use transformer::{DecoderSpec, StepInputs, Transformer};
+
+type SpecFn = fn(&serde_json::Value) -> Result<DecoderSpec>;
+
+/// Supported `model_type`s and how each reads its config.
+pub const REGISTRY: &[(&str, SpecFn)] = &[("llama", llama::spec), ("qwen2", qwen2::spec), ("qwen3", qwen3::spec)];
+
+pub fn supported_types() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(name, _)| *name).collect()
+}
+
+/// Reads and parses `dir/config.json`.
+pub fn read_config(dir: &Path) -> Result<serde_json::Value> {
+    if !dir.is_dir() {
+        bail!("model folder {} does not exist", dir.display());
+    }
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
+}
+
+/// The decoder spec for a parsed config, by its `model_type`.
+pub fn spec_for(config: &serde_json::Value) -> Result<DecoderSpec> {
+    let model_type = config["model_type"]
+        .as_str()
+        .context("config.json has no \"model_type\"")?;
+    let Some((_, spec)) = REGISTRY.iter().find(|(name, _)| *name == model_type) else {
+        bail!(
+            "unknown model_type {model_type:?}; supported: {}",
+            supported_types().join(", ")
+        );
+    };
+    spec(config).with_context(|| format!("reading the {model_type} config"))
+}
+
+/// Loads the model in `dir`.
+pub fn load(dir: &Path) -> Result<Transformer> {
+    let config = read_config(dir)?;
+    let spec = spec_for(&config)?;
+    let loader = layers::Loader {
+        checkpoint: checkpoint::Checkpoint::open_dir(dir)?,
+        quant: quant::QuantConfig::from_config(&config)?,
+    };
+    Transformer::load(spec, &loader)
+}

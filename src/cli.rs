@@ -1,0 +1,148 @@
+//! Raw command-line flags (clap). `main.rs` turns them into validated settings.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "mlxcel",
+    version,
+    about = "Run large language models on NVIDIA GPUs and the CPU"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every model command takes, before or after the subcommand.
+#[derive(Args, Clone)]
+pub struct Global {
+    /// Model folder (config.json, safetensors, tokenizer files).
+    #[arg(short = 'm', long, global = true)]
+    pub model: Option<PathBuf>,
+    /// Where to run.
+    #[arg(long, global = true, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+    /// Compute dtype: auto, native, f16, bf16 or f32 (the CPU runs f32 under auto).
+    #[arg(long, global = true, default_value = "auto")]
+    pub dtype: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    /// CUDA when available, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Generate text from a prompt (streams to stdout; stats to stderr).
+    Generate(GenerateArgs),
+    /// Per-token negative log-likelihood and perplexity of a text or token sequence.
+    Perplexity(PerplexityArgs),
+    /// Run a tiny random-weight decoder through the engine (no checkpoint needed).
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 disables.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Recent tokens the repetition penalty looks at.
+    #[arg(long, default_value_t = 20)]
+    pub repetition_context_size: usize,
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The prompt (or use -p).
+    pub prompt_text: Option<String>,
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Token ids instead of text, used exactly as given (no BOS, no template).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_tokens: Option<Vec<i64>>,
+    #[arg(short = 'n', long, default_value_t = 256)]
+    pub max_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Largest context (prompt + generated) to allow; default: the model's maximum.
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Send the raw prompt, without the model's chat template.
+    #[arg(long)]
+    pub no_chat_template: bool,
+    /// Use this tokenizer.json instead of the model folder's.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per prefill step.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Print one JSON object on stdout instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// Token ids, used as given.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Option<Vec<i64>>,
+    /// A text file, tokenized as it is (BOS only if the tokenizer asks for one, no template).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Decoder layers.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Hidden size (a multiple of 32 and of --heads).
+    #[arg(long, default_value_t = 128)]
+    pub dim: usize,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 2)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 512)]
+    pub vocab: usize,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 16)]
+    pub steps: usize,
+    /// Activation dtype (f32, f16 or bf16); weights stay as stored (4-bit, bf16 scales).
+    #[arg(long, default_value = "f32")]
+    pub activations: String,
+    /// Prompt token ids, comma separated.
+    #[arg(long, default_value = "1,2,3,4,5,6,7,8")]
+    pub prompt_tokens: String,
+    /// Write the decode step graph as Graphviz DOT.
+    #[arg(long)]
+    pub export_dot: Option<PathBuf>,
+}
