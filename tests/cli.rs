@@ -62,3 +62,298 @@ fn bad_input_is_one_clear_error() {
     let o = mlxcel(&["demo", "--no-such-flag"]);
     assert_eq!(o.status.code(), Some(2), "clap rejects unknown flags");
 }
+
+fn fixture(case: &str) -> String {
+    format!("{}/tests/fixtures/parity/{case}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A scratch copy of a fixture folder that a test may break.
+fn scratch_copy(case: &str, tag: &str) -> std::path::PathBuf {
+    let dst = std::env::temp_dir().join(format!("mlxcel-cli-{tag}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dst).ok();
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(fixture(case)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+fn json_out(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {:?}", o.stdout))
+}
+
+#[test]
+fn generate_streams_text_and_reports_stats() {
+    let m = fixture("llama-bf16");
+    let o = mlxcel(&["--model", &m, "generate", "Tell me a story", "-n", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("tok/s") && e.contains("peak memory"), "{e}");
+    // The same run, the other spelling, as JSON.
+    let j = json_out(&mlxcel(&[
+        "generate",
+        "-m",
+        &m,
+        "-p",
+        "Tell me a story",
+        "-n",
+        "8",
+        "--json",
+    ]));
+    for key in [
+        "prompt_tokens",
+        "tokens",
+        "text",
+        "finish_reason",
+        "prompt_tps",
+        "decode_tps",
+        "peak_memory_bytes",
+    ] {
+        assert!(j.get(key).is_some(), "missing {key} in {j}");
+    }
+    assert!(j["finish_reason"] == "length" || j["finish_reason"] == "stop");
+    assert_eq!(
+        j["prompt_tokens"][0], 507,
+        "the chat template starts with <|begin_of_text|>"
+    );
+    let streamed = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        streamed.trim_end_matches('\n'),
+        j["text"].as_str().unwrap(),
+        "streamed text equals the JSON text"
+    );
+}
+
+#[test]
+fn prompt_tokens_are_used_exactly_as_given() {
+    let m = fixture("llama-bf16");
+    let j = json_out(&mlxcel(&[
+        "-m",
+        &m,
+        "generate",
+        "--prompt-tokens",
+        "5,6,7",
+        "-n",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(j["prompt_tokens"], serde_json::json!([5, 6, 7]));
+    let raw = json_out(&mlxcel(&[
+        "-m",
+        &m,
+        "generate",
+        "hi",
+        "--no-chat-template",
+        "-n",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(
+        raw["prompt_tokens"][0], 507,
+        "raw prompts get BOS (add_bos) but no template"
+    );
+    assert_ne!(
+        raw["prompt_tokens"][1], 509,
+        "no <|start_header_id|> without the template"
+    );
+}
+
+#[test]
+fn perplexity_json_has_one_nll_per_predicted_token() {
+    let m = fixture("qwen3-q4g64");
+    let j = json_out(&mlxcel(&[
+        "perplexity",
+        "--model",
+        &m,
+        "--tokens",
+        "1,2,3,4,5",
+        "--json",
+    ]));
+    assert_eq!(j["tokens"], serde_json::json!([1, 2, 3, 4, 5]));
+    let nll: Vec<f64> = j["nll"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(nll.len(), 4);
+    let mean = nll.iter().sum::<f64>() / 4.0;
+    assert!((j["mean_nll"].as_f64().unwrap() - mean).abs() < 1e-9);
+    assert!((j["ppl"].as_f64().unwrap() - mean.exp()).abs() < 1e-6);
+    let path = std::env::temp_dir().join(format!("mlxcel-ppl-{}.txt", std::process::id()));
+    std::fs::write(&path, "The quick brown fox.").unwrap();
+    let t = json_out(&mlxcel(&[
+        "-m",
+        &fixture("llama-bf16"),
+        "perplexity",
+        "--file",
+        path.to_str().unwrap(),
+        "--json",
+    ]));
+    std::fs::remove_file(&path).ok();
+    assert_eq!(t["tokens"][0], 507, "add_bos_token asks for BOS");
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let o = mlxcel(args);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{args:?} should fail; stderr: {e}");
+    assert!(e.contains(needle), "{args:?}: expected {needle:?} in: {e}");
+    assert!(!e.contains("panicked"), "{args:?}: {e}");
+}
+
+#[test]
+fn bad_models_and_flags_fail_cleanly() {
+    let m = fixture("llama-bf16");
+    let q = fixture("qwen3-q4g64");
+    fails_with(&["-m", "/no/such/dir", "generate", "hi"], "does not exist");
+    fails_with(&["generate", "hi"], "--model is required");
+    fails_with(&["-m", &q, "generate", "hi"], "tokenizer.json");
+    fails_with(&["-m", &m, "generate", "a", "-p", "b"], "not both");
+    fails_with(&["-m", &m, "generate", "-p", "a", "--prompt-tokens", "1"], "not both");
+    fails_with(&["-m", &m, "generate", "-p", ""], "empty");
+    fails_with(&["-m", &m, "generate"], "no prompt");
+    fails_with(&["-m", &m, "generate", "--prompt-tokens", "1,-2"], "negative");
+    fails_with(
+        &["-m", &m, "generate", "--prompt-tokens", "1,99999"],
+        "outside the vocabulary",
+    );
+    fails_with(&["-m", &m, "generate", "hi", "--temp=-1"], "--temp");
+    fails_with(&["-m", &m, "generate", "hi", "--top-p", "0"], "--top-p");
+    fails_with(&["-m", &m, "--dtype", "f16", "generate", "hi"], "not available yet");
+    fails_with(&["-m", &m, "--dtype", "int4", "generate", "hi"], "expected auto");
+    fails_with(
+        &[
+            "-m",
+            &m,
+            "generate",
+            "--prompt-tokens",
+            "1,2,3,4,5,6",
+            "--max-context",
+            "4",
+        ],
+        "exceeds the context",
+    );
+    fails_with(
+        &["-m", &m, "generate", "hi", "-n", "10", "--max-context", "8"],
+        "exceeds the context",
+    );
+    fails_with(&["-m", &m, "perplexity", "--tokens", "1"], "at least two tokens");
+    fails_with(&["-m", &m, "perplexity", "--tokens", "1,2", "--file", "x"], "not both");
+    fails_with(&["-m", &m, "perplexity"], "--tokens or --file");
+}
+
+#[test]
+fn broken_checkpoints_fail_cleanly() {
+    // Unknown model_type.
+    let d = scratch_copy("qwen3-q4g64", "type");
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"qwen3\"", "\"qwen9\"");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "unknown model_type \"qwen9\"; supported: llama, qwen2, qwen3",
+    );
+    // Missing config.json; malformed config.json.
+    std::fs::remove_file(d.join("config.json")).unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "config.json",
+    );
+    std::fs::write(d.join("config.json"), "{ nope").unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "not valid JSON",
+    );
+    std::fs::remove_dir_all(&d).ok();
+
+    // Bad quantization block.
+    let d = scratch_copy("qwen3-q4g64", "quant");
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"bits\": 4", "\"bits\": 3");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    fails_with(&["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"], "3-bit");
+    std::fs::remove_dir_all(&d).ok();
+
+    // Truncated safetensors: the header claims more data than the file holds.
+    let d = scratch_copy("llama-bf16", "trunc");
+    let st = d.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() - 1000]).unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "model.safetensors",
+    );
+    // Garbage instead of a header.
+    std::fs::write(&st, b"\xff\xff\xff\xff\xff\xff\xff\x7fgarbage").unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "not a valid safetensors file",
+    );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Writes a safetensors file by hand: 8-byte header length, JSON header, data.
+fn write_safetensors(path: &std::path::Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.to_string(),
+            serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [start, data.len()] }),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string().into_bytes();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn missing_and_misshapen_tensors_are_named() {
+    let d = std::env::temp_dir().join(format!("mlxcel-cli-tensors-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "intermediate_size": 16,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 10, "tie_word_embeddings": true
+    });
+    std::fs::write(d.join("config.json"), config.to_string()).unwrap();
+    let f32s = |n: usize| vec![0u8; n * 4];
+    // Only the embedding, with the wrong width.
+    write_safetensors(
+        &d.join("model.safetensors"),
+        &[("model.embed_tokens.weight", "F32", vec![10, 9], f32s(90))],
+    );
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "checkpoint has no tensor model.layers.0.self_attn.q_proj.weight",
+    );
+    write_safetensors(
+        &d.join("model.safetensors"),
+        &[
+            ("model.embed_tokens.weight", "F32", vec![10, 9], f32s(90)),
+            ("model.layers.0.self_attn.q_proj.weight", "F32", vec![8, 7], f32s(56)),
+        ],
+    );
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "tensor model.layers.0.self_attn.q_proj.weight: expected shape [8, 8], found [8, 7]",
+    );
+    // A header whose offsets point past the data.
+    write_safetensors(
+        &d.join("model.safetensors"),
+        &[("model.embed_tokens.weight", "F32", vec![10, 8], f32s(8))],
+    );
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2"],
+        "model.safetensors",
+    );
+    std::fs::remove_dir_all(&d).ok();
+}

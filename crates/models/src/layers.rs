@@ -47,7 +47,7 @@ impl Loader {
             )
         })?;
         ensure!(
-            cols % q.group_size == 0,
+            cols.is_multiple_of(q.group_size),
             "bad quantization config: {prefix} has {cols} inputs, not a multiple of group size {}",
             q.group_size
         );

@@ -86,7 +86,7 @@ impl LlamaConfig {
     pub fn spec(&self, model_type: &str) -> Result<DecoderSpec> {
         let heads = self.num_attention_heads;
         let kv_heads = self.num_key_value_heads.unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             bail!("config.json: {heads} attention heads cannot share {kv_heads} key/value heads");
         }
         let head_dim = match self.head_dim {
