@@ -80,8 +80,9 @@ pub struct GenerateArgs {
     /// Token ids instead of text, used exactly as given (no BOS, no template).
     #[arg(long, value_delimiter = ',')]
     pub prompt_tokens: Option<Vec<i64>>,
-    #[arg(short = 'n', long, default_value_t = 256)]
-    pub max_tokens: usize,
+    /// Tokens to generate [default: 256, or what the context leaves]
+    #[arg(short = 'n', long)]
+    pub max_tokens: Option<usize>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Largest context (prompt + generated) to allow; default: the model's maximum.

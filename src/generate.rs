@@ -9,6 +9,8 @@ use mlxcel_engine::{chat::ChatMessage, Engine, GenerateOptions, SamplerSettings}
 
 use crate::cli::{GenerateArgs, Global, PerplexityArgs, SamplingArgs};
 
+const DEFAULT_MAX_TOKENS: usize = 256;
+
 enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
@@ -78,7 +80,7 @@ fn config_eos(dir: &Path) -> Vec<u32> {
 fn engine(global: &Global, dir: &Path, max_context: Option<usize>) -> Result<Engine> {
     let backend = crate::backend(global.device)?;
     let dtype = crate::compute_dtype(&global.dtype, backend.name())?;
-    let model = mlxcel_models::load(dir)?;
+    let model = crate::progress::load_model(dir)?;
     Engine::new(model, backend, dtype, max_context)
 }
 
@@ -119,8 +121,12 @@ pub fn generate(global: &Global, args: GenerateArgs) -> Result<()> {
         Some(t) => t.eos_ids().to_vec(),
         None => config_eos(dir),
     };
+    // An explicit --max-tokens past the context is an error (in the engine); the default
+    // shrinks to what the context leaves.
+    let room = engine.max_context().saturating_sub(prompt_ids.len());
+    let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room));
     let opts = GenerateOptions {
-        max_tokens: args.max_tokens,
+        max_tokens,
         sampler,
         prefill_chunk: args.prefill_chunk,
     };

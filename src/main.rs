@@ -3,6 +3,7 @@
 mod cli;
 mod demo;
 mod generate;
+mod progress;
 
 use anyhow::{bail, Result};
 use clap::Parser;

@@ -3,6 +3,7 @@
 //! not by model code.
 
 pub mod checkpoint;
+pub mod gguf;
 pub mod layers;
 pub mod llama;
 pub mod quant;
@@ -51,11 +52,18 @@ pub fn spec_for(config: &serde_json::Value) -> Result<DecoderSpec> {
 
 /// Loads the model in `dir`.
 pub fn load(dir: &Path) -> Result<Transformer> {
+    load_with_progress(dir, &mut |_, _| {})
+}
+
+/// Loads the model in `dir`, reporting `(bytes read, total)` while the weights come in.
+pub fn load_with_progress(dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
     let config = read_config(dir)?;
     let spec = spec_for(&config)?;
     let loader = layers::Loader {
         checkpoint: checkpoint::Checkpoint::open_dir(dir)?,
         quant: quant::QuantConfig::from_config(&config)?,
     };
-    Transformer::load(spec, &loader)
+    let model = Transformer::load(spec, &loader)?;
+    loader.checkpoint.prefetch(progress);
+    Ok(model)
 }
