@@ -60,16 +60,28 @@ fn sampler(s: &SamplingArgs) -> Result<SamplerSettings> {
     Ok(settings)
 }
 
-fn tokenizer(dir: &Path, file: Option<&Path>) -> Result<Tokenizer> {
+/// The model's tokenizer: a `--tokenizer` override, the GGUF's own, or the folder's files.
+fn tokenizer(model: &Path, file: Option<&Path>) -> Result<Tokenizer> {
+    let gguf = mlxcel_models::is_gguf(model);
+    let config_dir = if gguf {
+        model.parent().unwrap_or(Path::new("."))
+    } else {
+        model
+    };
     match file {
-        Some(f) => Tokenizer::from_file_with_config(f, dir),
-        None => Tokenizer::from_dir(dir),
+        Some(f) => Tokenizer::from_file_with_config(f, config_dir),
+        None if gguf => mlxcel_engine::gguf_tokenizer::from_gguf(&mlxcel_models::gguf::GgufFile::open(model)?),
+        None => Tokenizer::from_dir(model),
     }
 }
 
 /// EOS ids from config.json, for runs without a tokenizer.
 fn config_eos(dir: &Path) -> Vec<u32> {
-    let config = mlxcel_models::read_config(dir).unwrap_or_default();
+    let config = if dir.is_dir() {
+        mlxcel_models::read_config(dir).unwrap_or_default()
+    } else {
+        Default::default()
+    };
     match &config["eos_token_id"] {
         serde_json::Value::Number(n) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
         serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod engine;
+pub mod gguf_tokenizer;
 pub mod sampler;
 pub mod tokenizer;
 

@@ -71,6 +71,30 @@ impl Checkpoint {
         Checkpoint::open_files(&files)
     }
 
+    /// A checkpoint of tensors already in memory (converted from another format).
+    pub fn from_tensors(tensors: impl IntoIterator<Item = (String, HostTensor)>) -> Checkpoint {
+        let mut ck = Checkpoint {
+            files: Vec::new(),
+            tensors: HashMap::new(),
+        };
+        for (name, t) in tensors {
+            let len = t.bytes().len();
+            let entry = Entry {
+                file: ck.files.len(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                start: 0,
+                len,
+            };
+            ck.files.push((
+                PathBuf::from(&name),
+                t.data.slice(0, len).expect("a tensor's own bytes"),
+            ));
+            ck.tensors.insert(name, entry);
+        }
+        ck
+    }
+
     pub fn open_files(paths: &[PathBuf]) -> Result<Checkpoint> {
         let mut ck = Checkpoint {
             files: Vec::new(),

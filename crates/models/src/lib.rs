@@ -3,6 +3,7 @@
 //! not by model code.
 
 pub mod checkpoint;
+pub mod from_gguf;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
@@ -10,6 +11,7 @@ pub mod quant;
 pub mod qwen2;
 pub mod qwen3;
 pub mod transformer;
+pub mod writer;
 
 use std::path::Path;
 
@@ -55,8 +57,24 @@ pub fn load(dir: &Path) -> Result<Transformer> {
     load_with_progress(dir, &mut |_, _| {})
 }
 
-/// Loads the model in `dir`, reporting `(bytes read, total)` while the weights come in.
-pub fn load_with_progress(dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
+/// Whether `path` names a GGUF file rather than a model folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Loads the model in `path` (a folder, or a `.gguf` file), reporting `(bytes read, total)`
+/// while the weights come in.
+pub fn load_with_progress(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
+    if is_gguf(path) {
+        let g = from_gguf::read(path, progress)?;
+        let spec = spec_for(&g.config)?;
+        let loader = layers::Loader {
+            checkpoint: checkpoint::Checkpoint::from_tensors(g.tensors),
+            quant: quant::QuantConfig::from_modules(g.quant),
+        };
+        return Transformer::load(spec, &loader);
+    }
+    let dir = path;
     let config = read_config(dir)?;
     let spec = spec_for(&config)?;
     let loader = layers::Loader {

@@ -70,6 +70,19 @@ impl QuantConfig {
         Ok(q)
     }
 
+    /// Per-module parameters only (no default): what a converter knows module by module.
+    pub fn from_modules(modules: impl IntoIterator<Item = (String, QuantParams)>) -> QuantConfig {
+        QuantConfig {
+            default: None,
+            overrides: modules.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        }
+    }
+
+    /// The per-module entries, for writing a config.json.
+    pub fn modules(&self) -> impl Iterator<Item = (&str, Option<QuantParams>)> {
+        self.overrides.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
     /// Parameters for the module at `path` (e.g. `model.layers.3.self_attn.q_proj`).
     pub fn for_module(&self, path: &str) -> Option<QuantParams> {
         match self.overrides.get(path) {
