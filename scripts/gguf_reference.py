@@ -66,6 +66,13 @@ Usage (models come from scripts/get-models.sh):
     /tmp/venv-gguf-ref/bin/python scripts/gguf_reference.py --model smollm2
     /tmp/venv-gguf-ref/bin/python scripts/gguf_reference.py --dump models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf
 
+``--llama-cpp`` additionally compares with llama.cpp itself through
+llama-cpp-python (not in the requirements file: it builds llama.cpp from
+source, ``pip install llama-cpp-python==0.3.36`` takes ~15 minutes on 2
+cores): its tokenizer must give the same ids; its quantized forward pass
+(q8 activations) gives close, not equal, NLLs; the result is stored under
+``llama_cpp_cross_check`` as information.
+
 ``--dump GGUF`` prints every metadata key with its type and (small) value and
 a tensor name/type/shape summary, and exits.
 """
@@ -712,8 +719,72 @@ def greedy(model: Model, tok: GgufTokenizer, prompt_ids, steps: int, stop_at_eos
         "margins": margins,
         "top1_logits": top1,
         "min_margin": min(margins),
+        # steps whose top1-top2 margin is small enough that a quantized engine
+        # may legitimately pick the other token there (compare up to the first)
+        "low_margin_steps_lt_0.1": [i for i, m in enumerate(margins) if m < 0.1],
         "first_step_top10": first_top,
     }
+
+
+# ---------------------------------------------------------------------------
+# Optional: llama.cpp itself (llama-cpp-python), informational only
+# ---------------------------------------------------------------------------
+
+
+def llama_cpp_cross_check(path: Path, texts: dict, primary: dict, ppl_ids, our_nll, greedy_cases) -> dict:
+    """Compare with llama.cpp's own tokenizer and (quantized) forward pass.
+
+    llama.cpp multiplies quantized weights with activations that it quantizes
+    too (q8), so its logits are *not* a float32 reference; this only shows the
+    float32 numbers here and llama.cpp's agree closely (tokenizer exactly).
+    """
+    import llama_cpp
+    from llama_cpp import Llama
+
+    n_ctx = 512
+    llm = Llama(
+        model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
+        n_threads=os.cpu_count() or 1, verbose=False,
+    )
+    out = {
+        "llama_cpp_python": llama_cpp.__version__,
+        "note": "llama.cpp CPU backend, quantized matmuls with q8-quantized activations: close to, "
+        "not equal to, the float32 numbers; informational",
+    }
+    bad = []
+    for k, text in texts.items():
+        got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if list(got) != primary[k]:
+            bad.append(k)
+    out["tokenizer"] = {"agrees": not bad, "mismatches": bad}
+
+    def run(ids):
+        llm.reset()
+        llm.eval(list(ids))
+        return np.array(llm.scores[: len(ids)], dtype=np.float32)
+
+    logits = run(ppl_ids)
+    nll = nll_of(logits, ppl_ids)
+    d = np.abs(nll - our_nll)
+    out["perplexity"] = {
+        "mean_nll": round(float(nll.mean()), 6),
+        "ppl": round(math.exp(float(nll.mean())), 5),
+        "mean_abs_nll_diff_vs_f32": round(float(d.mean()), 6),
+        "max_abs_nll_diff_vs_f32": round(float(d.max()), 6),
+    }
+    gr = []
+    for case in greedy_cases:
+        seq = list(case["prompt_tokens"])
+        toks = []
+        for _ in range(len(case["tokens"])):
+            row = run(seq)[-1]
+            a = int(np.argmax(row))
+            toks.append(a)
+            seq.append(a)
+        first_diff = next((i for i, (x, y) in enumerate(zip(toks, case["tokens"])) if x != y), None)
+        gr.append({"prompt": case["prompt"], "tokens": toks, "first_divergence": first_diff})
+    out["greedy"] = gr
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -767,7 +838,7 @@ def r6(xs) -> list:
     return [round(float(x), 6) for x in xs]
 
 
-def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict) -> dict:
+def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict, use_llama_cpp: bool) -> dict:
     spec = MODELS[key]
     path = models_dir / Path(spec["gguf"]).relative_to("models")
     if not path.exists():
@@ -891,6 +962,13 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict) -> dict:
             entry["greedy"] = {"stop_at_eos": True, "eos_token_id": tok.eos_id, **gr}
         chat["cases"].append(entry)
 
+    llcpp = None
+    if use_llama_cpp:
+        t0 = time.time()
+        primary = {k: tok.encode(v, add_bos=False) for k, v in texts.items()}
+        llcpp = llama_cpp_cross_check(path, texts, primary, ids, nll, greedy_cases)
+        log(f"llama.cpp cross-check ({time.time() - t0:.1f}s): {json.dumps(llcpp)}")
+
     doc = {
         "format": FORMAT,
         "model": spec["name"],
@@ -960,6 +1038,7 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict) -> dict:
         "perplexity": perplexity,
         "greedy": greedy_cases,
         "chat": chat,
+        **({"llama_cpp_cross_check": llcpp} if llcpp is not None else {}),
         "gguf_metadata": g.metadata_summary(),
         "gguf_tensors": g.tensor_summary(),
     }
@@ -976,6 +1055,11 @@ def main() -> None:
     ap.add_argument("--model", action="append", choices=list(MODELS) + ["all"], help="default: all")
     ap.add_argument("--models-dir", type=Path, default=REPO_ROOT / "models")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "tests" / "fixtures" / "real")
+    ap.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="also compare with llama.cpp via llama-cpp-python (optional, informational)",
+    )
     ap.add_argument("--dump", type=Path, metavar="GGUF", help="print metadata + tensor summary and exit")
     args = ap.parse_args()
     if args.dump:
@@ -986,7 +1070,7 @@ def main() -> None:
         keys = list(MODELS)
     vers = versions()
     for k in keys:
-        run_model(k, args.models_dir, args.out_dir, vers)
+        run_model(k, args.models_dir, args.out_dir, vers, args.llama_cpp)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,10 @@ pub fn view_mut(bytes: &mut [u8], dtype: DType) -> Out<'_> {
 pub trait Float: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
+    /// Widens a run of elements (f16 uses the CPU's conversion instructions when present).
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+    }
 }
 
 impl Float for f32 {
@@ -107,6 +111,10 @@ impl Float for f16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
     }
 }
 

@@ -736,7 +736,7 @@ fn accessors_name_the_missing_key_or_the_wrong_type() {
     assert_eq!(g.get_u64("n").unwrap(), 7);
     assert!(e(g.get_str("nope").map(|_| ())).contains("<memory>: metadata key \"nope\" is missing"));
     assert!(e(g.get_str("n").map(|_| ())).contains("\"n\" is a uint32, expected a string"));
-    assert!(e(g.get_u64("neg").map(|_| ())).contains("is a int32, expected a non-negative integer"));
+    assert!(e(g.get_u64("neg").map(|_| ())).contains("is an int32, expected a non-negative integer"));
     assert!(e(g.get_f32("s").map(|_| ())).contains("is a string, expected a float"));
     assert!(e(g.get_array("s").map(|_| ())).contains("expected an array"));
     assert!(e(g.get_bool("n").map(|_| ())).contains("expected a bool"));
@@ -902,6 +902,13 @@ fn tensor_data_out_of_bounds_or_misaligned_is_an_error() {
         w.parse(),
         "tensor \"b\": data offset 4 is not a multiple of the alignment 32",
     );
+    // A data section that does not start at an aligned offset (the padding left out).
+    let w = Writer::new().tensor("a", &[8], F32, &[0; 32]);
+    let header_len = 24 + w.kvs.len() + w.infos.len();
+    let mut bytes = w.bytes();
+    assert!(!header_len.is_multiple_of(32));
+    bytes.drain(header_len..header_len.next_multiple_of(32));
+    assert_err(GgufFile::parse(&bytes), "tensor \"a\": its 32 bytes at data offset 0");
 }
 
 #[test]

@@ -13,18 +13,32 @@ const GEMV_MAX_ROWS: usize = 4;
 const TILE_N: usize = 256;
 
 /// Sum of `a[k] · b[k]` in f32 with eight lanes, so the compiler vectorizes it.
-#[inline]
-pub fn dot<T: Float>(a: &[f32], b: &[T]) -> f32 {
+#[inline(always)]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for l in 0..8 {
-            acc[l] += x[l] * y[l].to_f32();
+            acc[l] += x[l] * y[l];
         }
     }
-    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y.to_f32()).sum();
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
     acc.iter().sum::<f32>() + tail
+}
+
+/// `Σ a[k] · b[k]`, widening `b` in stack-sized runs so the inner loop is plain f32.
+#[inline]
+pub fn dot<T: Float>(a: &[f32], b: &[T]) -> f32 {
+    const RUN: usize = 256;
+    let mut buf = [0.0f32; RUN];
+    let mut acc = 0.0;
+    for (x, y) in a.chunks(RUN).zip(b.chunks(RUN)) {
+        let w = &mut buf[..y.len()];
+        T::widen(y, w);
+        acc += dot_f32(x, w);
+    }
+    acc
 }
 
 /// `out [batch, M, N] = a [batch, M, K] @ b`, with `b [K, N]` or, transposed, `[N, K]`; `b`

@@ -50,10 +50,17 @@ impl<'a> QWeight<'a> {
         let wpr = self.words_per_row();
         let row = &self.packed[r * wpr..(r + 1) * wpr];
         let groups = self.k / self.group;
-        for (j, d) in dst.iter_mut().enumerate() {
-            let g = r * groups + j / self.group;
-            let q = mlxcel_core::quant::unpack(row, j, self.bits) as f32;
-            *d = q * self.scales.get_f64(g) as f32 + self.biases.get_f64(g) as f32;
+        let per = 32 / self.bits as usize;
+        let mask = (1u32 << self.bits) - 1;
+        for (g, out) in dst.chunks_mut(self.group).enumerate() {
+            let s = self.scales.get_f64(r * groups + g) as f32;
+            let b = self.biases.get_f64(r * groups + g) as f32;
+            let words = &row[g * self.group / per..(g + 1) * self.group / per];
+            for (w, o) in words.iter().zip(out.chunks_mut(per)) {
+                for (i, d) in o.iter_mut().enumerate() {
+                    *d = ((w >> (i as u32 * self.bits)) & mask) as f32 * s + b;
+                }
+            }
         }
     }
 
@@ -65,24 +72,16 @@ impl<'a> QWeight<'a> {
         let gw = self.group * self.bits as usize / 32; // words per group
         const CHUNK: usize = 16;
         res.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
-            for (j, o) in out.iter_mut().enumerate() {
-                let r = e * self.n + c * CHUNK + j;
-                let row = &self.packed[r * wpr..(r + 1) * wpr];
-                let mut acc = 0.0f32;
-                for g in 0..groups {
-                    let words = &row[g * gw..(g + 1) * gw];
-                    let xs = &x[g * self.group..(g + 1) * self.group];
-                    let qx = match self.bits {
-                        2 => qdot::<2>(words, xs),
-                        4 => qdot::<4>(words, xs),
-                        _ => qdot::<8>(words, xs),
-                    };
-                    let s = self.scales.get_f64(r * groups + g) as f32;
-                    let b = self.biases.get_f64(r * groups + g) as f32;
-                    acc += s * qx + b * xsum[g];
-                }
-                *o = acc;
-            }
+            let rows = RowJob {
+                q: self,
+                first: e * self.n + c * CHUNK,
+                wpr,
+                groups,
+                gw,
+                x,
+                xsum,
+            };
+            rows.run(out);
         });
     }
 
@@ -93,18 +92,85 @@ impl<'a> QWeight<'a> {
     }
 }
 
-/// `Σ q_j · x_j` over the packed words of one group.
-#[inline]
+/// A run of output rows of one quantized matvec.
+struct RowJob<'a, 'w> {
+    q: &'a QWeight<'w>,
+    first: usize,
+    wpr: usize,
+    groups: usize,
+    gw: usize,
+    x: &'a [f32],
+    xsum: &'a [f32],
+}
+
+impl RowJob<'_, '_> {
+    #[inline(always)]
+    fn rows<const BITS: u32>(&self, out: &mut [f32]) {
+        let q = self.q;
+        let groups = self.groups;
+        // This row's scales and biases, widened once (stack space for up to MAX_GROUPS).
+        let (mut sb, mut bb) = ([0.0f32; MAX_GROUPS], [0.0f32; MAX_GROUPS]);
+        for (j, o) in out.iter_mut().enumerate() {
+            let r = self.first + j;
+            let row = &q.packed[r * self.wpr..(r + 1) * self.wpr];
+            let (s, b) = (&mut sb[..groups], &mut bb[..groups]);
+            q.scales.load_f32(r * groups, s);
+            q.biases.load_f32(r * groups, b);
+            let mut acc = 0.0f32;
+            for g in 0..groups {
+                let words = &row[g * self.gw..(g + 1) * self.gw];
+                let qx = qdot::<BITS>(words, &self.x[g * q.group..(g + 1) * q.group]);
+                acc += s[g] * qx + b[g] * self.xsum[g];
+            }
+            *o = acc;
+        }
+    }
+
+    #[inline(always)]
+    fn dispatch(&self, out: &mut [f32]) {
+        match self.q.bits {
+            2 => self.rows::<2>(out),
+            4 => self.rows::<4>(out),
+            _ => self.rows::<8>(out),
+        }
+    }
+
+    /// The same loop compiled for AVX2+FMA (the baseline x86-64 target lacks the variable
+    /// shifts that vectorize the unpacking).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dispatch_avx2(&self, out: &mut [f32]) {
+        self.dispatch(out)
+    }
+
+    fn run(&self, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU was just checked for both features.
+            return unsafe { self.dispatch_avx2(out) };
+        }
+        self.dispatch(out)
+    }
+}
+
+/// Groups per row held on the stack by the matvec (K up to 32768 at group 32).
+const MAX_GROUPS: usize = 1024;
+
+/// `Σ q_j · x_j` over the packed words of one group, 32 elements at a time: unpack into an
+/// f32 run, then a plain f32 dot product the compiler vectorizes.
+#[inline(always)]
 fn qdot<const BITS: u32>(words: &[u32], x: &[f32]) -> f32 {
     let per = (32 / BITS) as usize;
     let mask = (1u32 << BITS) - 1;
-    let mut acc = 0.0f32;
-    for (w, xs) in words.iter().zip(x.chunks_exact(per)) {
-        let mut part = 0.0f32;
-        for (i, &xv) in xs.iter().enumerate() {
-            part += ((w >> (i as u32 * BITS)) & mask) as f32 * xv;
+    let mut acc = 0.0;
+    for (ws, xs) in words.chunks_exact(BITS as usize).zip(x.chunks_exact(32)) {
+        let mut q = [0.0f32; 32];
+        for (w, qs) in ws.iter().zip(q.chunks_exact_mut(per)) {
+            for (i, d) in qs.iter_mut().enumerate() {
+                *d = ((w >> (i as u32 * BITS)) & mask) as f32;
+            }
         }
-        acc += part;
+        acc += super::matmul::dot_f32(&q, xs);
     }
     acc
 }
@@ -114,7 +180,19 @@ const QMV_MAX_ROWS: usize = 4;
 const TILE_N: usize = 256;
 
 /// `out [M, N] = x [M, K] @ dequant(w)ᵀ`.
+fn check_groups(q: &QWeight) -> Result<()> {
+    if q.k / q.group > MAX_GROUPS {
+        let op = format!(
+            "quantized matmul with {} groups per row (> {MAX_GROUPS})",
+            q.k / q.group
+        );
+        return Err(Error::Unsupported { backend: "cpu", op });
+    }
+    Ok(())
+}
+
 pub fn qmm(x: In, q: &QWeight, mut out: Out) -> Result<()> {
+    check_groups(q)?;
     let (k, n) = (q.k, q.n);
     let m = x.len() / k;
     if m <= QMV_MAX_ROWS {
@@ -155,6 +233,7 @@ pub fn qmm(x: In, q: &QWeight, mut out: Out) -> Result<()> {
 /// `out [R, k, N]`: for each of the `R·k` (token, slot) pairs, expert `ids[r, j]` applied to
 /// `x [R, X, K]` row `j` (or row 0 when X = 1).
 pub fn gather_qmm(x: In, sx: &[usize], q: &QWeight, ids: In, sids: &[usize], mut out: Out) -> Result<()> {
+    check_groups(q)?;
     let (k, n) = (q.k, q.n);
     let top = *sids.last().unwrap();
     let x_rows = sx[sx.len() - 2];

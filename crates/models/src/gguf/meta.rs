@@ -133,6 +133,13 @@ impl MetaValue {
         }
     }
 
+    /// The type name with its article, for messages: `a uint32`, `an int8`, `an array of string`.
+    pub fn a_type_name(&self) -> String {
+        let name = self.type_name();
+        let article = if name.starts_with(['a', 'i']) { "an" } else { "a" };
+        format!("{article} {name}")
+    }
+
     pub fn as_str(&self) -> Option<&str> {
         match self {
             MetaValue::String(s) => Some(s),

@@ -178,7 +178,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => v
             .as_u64()
-            .with_context(|| format!("general.alignment is a {}, not an unsigned integer", v.type_name()))?,
+            .with_context(|| format!("general.alignment is {}, not an unsigned integer", v.a_type_name()))?,
     };
     ensure!(
         alignment.is_power_of_two(),
@@ -318,9 +318,9 @@ impl GgufFile {
             .with_context(|| format!("{}: metadata key {key:?} is missing", self.source))?;
         f(v).with_context(|| {
             format!(
-                "{}: metadata key {key:?} is a {}, expected {want}",
+                "{}: metadata key {key:?} is {}, expected {want}",
                 self.source,
-                v.type_name()
+                v.a_type_name()
             )
         })
     }

@@ -1,0 +1,125 @@
+//! Quality on real pretrained weights (GGUF files fetched by `scripts/get-models.sh`), against
+//! the independent float32 references in tests/fixtures/real (numpy forward over gguf-py's
+//! llama.cpp dequantization, written once by `scripts/gguf_reference.py`). A model that is not
+//! downloaded is skipped with a notice, unless MLXCEL_REQUIRE_MODELS lists it (CI sets it for
+//! smollm2), in which case the test fails.
+
+use std::path::PathBuf;
+
+use mlxcel_core::DType;
+use mlxcel_engine::chat::ChatMessage;
+use mlxcel_engine::{gguf_tokenizer, Engine, GenerateOptions, SamplerSettings};
+use mlxcel_models::gguf::GgufFile;
+use serde_json::Value;
+
+const NEAR_TIE: f64 = 0.05;
+
+fn root() -> PathBuf {
+    match std::env::var_os("MLXCEL_TEST_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
+/// The model file and its reference, or None (skipped) when it is not downloaded.
+fn model(name: &str, file: &str) -> Option<(PathBuf, Value)> {
+    let path = root().join("models").join(name).join(file);
+    let required = std::env::var("MLXCEL_REQUIRE_MODELS").unwrap_or_default();
+    if !path.exists() {
+        let listed = required.split(',').any(|m| m.trim() == name || m.trim() == "all");
+        assert!(
+            !listed,
+            "{} is missing and MLXCEL_REQUIRE_MODELS asks for it: run scripts/get-models.sh",
+            path.display()
+        );
+        eprintln!(
+            "skipping {name}: {} not found (scripts/get-models.sh {name})",
+            path.display()
+        );
+        return None;
+    }
+    let text = std::fs::read_to_string(root().join("tests/fixtures/real").join(format!("{name}.json"))).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(reference["format"], "mlxcel-real-ref-v1");
+    Some((path, reference))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+fn check(name: &str, file: &str) {
+    let Some((path, r)) = model(name, file) else { return };
+    let model = mlxcel_models::load(&path).unwrap();
+    let mut engine = Engine::new(model, Box::new(mlxcel_cpu::CpuBackend), DType::F32, None).unwrap();
+    let tok = gguf_tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+
+    // Tokenizer: the paragraph and the chat prompt tokenize as the reference's.
+    let p = &r["perplexity"];
+    let tokens = tok.encode(p["text"].as_str().unwrap()).unwrap();
+    assert_eq!(tokens, ids(&p["tokens"]), "{name}: paragraph tokens");
+    for case in r["chat"]["cases"].as_array().unwrap() {
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        assert_eq!(
+            tok.render_chat(&messages).unwrap(),
+            case["rendered"].as_str().unwrap(),
+            "{name}: {}",
+            case["name"]
+        );
+        assert_eq!(
+            tok.encode_chat(&messages).unwrap(),
+            ids(&case["tokens"]),
+            "{name}: {} ids",
+            case["name"]
+        );
+    }
+
+    // Per-token NLL within 0.05 everywhere, perplexity within 1%.
+    let want = floats(&p["nll"]);
+    let got = engine.perplexity(&tokens, 512).unwrap();
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst <= 0.05, "{name}: max |nll - reference| = {worst}");
+    let ppl = |v: &[f64]| (v.iter().sum::<f64>() / v.len() as f64).exp();
+    let (ours, theirs) = (ppl(&got), ppl(&want));
+    assert!(
+        (ours / theirs - 1.0).abs() < 0.01,
+        "{name}: perplexity {ours} vs reference {theirs}"
+    );
+
+    // Greedy continuation up to the first near-tie.
+    let g = &r["greedy"][0];
+    let want = ids(&g["tokens"]);
+    let margins = floats(&g["margins"]);
+    let trusted = margins.iter().position(|&m| m < NEAR_TIE).unwrap_or(want.len());
+    let opts = GenerateOptions {
+        max_tokens: trusted,
+        sampler: SamplerSettings::default(),
+        prefill_chunk: 512,
+    };
+    let out = engine
+        .generate(&ids(&g["prompt_tokens"]), &opts, &|_| false, |_| Ok(true))
+        .unwrap();
+    assert_eq!(
+        out.tokens,
+        want[..trusted],
+        "{name}: greedy tokens before the first near-tie ({trusted})"
+    );
+}
+
+#[test]
+fn smollm2_matches_the_float32_reference() {
+    check("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+#[test]
+fn qwen25_coder_matches_the_float32_reference() {
+    check("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+}
