@@ -8,6 +8,7 @@ pub mod error;
 pub mod graph;
 pub mod op;
 pub mod passes;
+pub mod plan;
 pub mod quant;
 pub mod rng;
 pub mod stats;

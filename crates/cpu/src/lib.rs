@@ -5,13 +5,12 @@
 mod buffer;
 mod exec;
 mod kernels;
-mod plan;
 
 use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport};
 use mlxcel_core::{Backend, DType, Error, Graph, HostTensor, Node, NodeName, Op, Result, Session};
 
 use buffer::AlignedBuf;
-use plan::{Loc, Plan};
+use mlxcel_core::plan::{self, Loc, Plan};
 
 pub struct CpuBackend;
 

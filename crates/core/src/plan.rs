@@ -1,8 +1,8 @@
-//! Memory planning: every value gets a location once, when the graph is loaded. Activations
-//! share a small pool of slots by liveness; reshapes alias their input; cache writes alias
-//! their state; leaves are read in place.
+//! Memory planning, shared by backends: every value gets a location once, when the graph is
+//! loaded. Activations share a small pool of slots by liveness; reshapes alias their input;
+//! cache writes alias their state; leaves keep their own buffers.
 
-use mlxcel_core::{Graph, Op};
+use crate::{Graph, Op};
 
 /// Where a node's value lives during a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ fn take_slot(free: &mut Vec<usize>, slot_bytes: &mut Vec<usize>, bytes: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlxcel_core::{DType, GraphBuilder};
+    use crate::{DType, GraphBuilder};
 
     #[test]
     fn a_chain_reuses_two_slots() {
