@@ -47,6 +47,8 @@ pub enum Command {
     Perplexity(PerplexityArgs),
     /// Run a tiny random-weight decoder through the engine (no checkpoint needed).
     Demo(DemoArgs),
+    /// Write a GGUF file or a model folder as an mlx-lm model folder (lossless unless --quantize).
+    Convert(ConvertArgs),
 }
 
 #[derive(Args)]
@@ -146,4 +148,23 @@ pub struct DemoArgs {
     /// Write the decode step graph as Graphviz DOT.
     #[arg(long)]
     pub export_dot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The model to convert: a .gguf file or a safetensors model folder.
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The folder to write (config.json, model.safetensors, tokenizer files).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Requantize every linear and embedding weight to this many bits (4 or 8); lossy.
+    #[arg(long, value_name = "BITS")]
+    pub quantize: Option<u32>,
+    /// Group size for --quantize: 32, 64 or 128 [default: 64]
+    #[arg(long)]
+    pub group_size: Option<usize>,
+    /// Write into --out even if it already holds files (stale weight shards are removed).
+    #[arg(long)]
+    pub force: bool,
 }

@@ -1,6 +1,7 @@
 //! The `mlxcel` command line.
 
 mod cli;
+mod convert;
 mod demo;
 mod generate;
 mod progress;
@@ -40,6 +41,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(args) => generate::generate(&cli.global, args),
         Command::Perplexity(args) => generate::perplexity(&cli.global, args),
         Command::Demo(args) => demo::command(&cli.global, args),
+        Command::Convert(args) => convert::command(args),
     }
 }
 

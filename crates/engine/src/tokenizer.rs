@@ -130,6 +130,57 @@ impl Tokenizer {
         self.chat_template.is_some()
     }
 
+    /// Writes this tokenizer as Hugging Face files into `dir`: tokenizer.json, tokenizer_config.json
+    /// (`chat_template`, `bos_token`, `eos_token`, `add_bos_token`) and generation_config.json
+    /// (every EOS id), which `from_dir` and transformers both read back to the same tokenizer.
+    /// When `add_bos` is set, tokenizer.json gets a post-processor that prepends BOS, since that
+    /// is where transformers looks for it.
+    pub fn save_folder_files(&self, dir: &Path) -> Result<()> {
+        let mut inner = self.inner.clone();
+        if let (true, Some((text, id))) = (self.special.add_bos, &self.special.bos) {
+            let prepend = tokenizers::processors::template::TemplateProcessing::builder()
+                .try_single(vec![text.clone(), "$A".to_string()])
+                .and_then(|b| b.try_pair(vec![text.clone(), "$A".into(), text.clone(), "$B:1".into()]))
+                .map_err(|e| anyhow!("BOS {text:?} does not fit a post-processor template: {e}"))?
+                .special_tokens(vec![(text.clone(), *id)])
+                .build()
+                .map_err(|e| anyhow!("building the BOS post-processor: {e}"))?;
+            inner.with_post_processor(Some(prepend));
+        }
+        let path = dir.join("tokenizer.json");
+        inner
+            .save(&path, true)
+            .map_err(|e| anyhow!("writing {}: {e}", path.display()))?;
+
+        let mut config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.special.add_bos,
+            "add_eos_token": false,
+            "clean_up_tokenization_spaces": false,
+        });
+        if let Some((text, _)) = &self.special.bos {
+            config["bos_token"] = text.as_str().into();
+        }
+        if let Some(text) = &self.special.eos_token {
+            config["eos_token"] = text.as_str().into();
+        }
+        if let Some(template) = &self.chat_template {
+            config["chat_template"] = template.as_str().into();
+        }
+        write_json(&dir.join("tokenizer_config.json"), &config)?;
+
+        let mut generation = serde_json::json!({});
+        if let Some((_, id)) = &self.special.bos {
+            generation["bos_token_id"] = (*id).into();
+        }
+        match self.special.eos_ids.as_slice() {
+            [] => {}
+            [one] => generation["eos_token_id"] = (*one).into(),
+            many => generation["eos_token_id"] = many.into(),
+        }
+        write_json(&dir.join("generation_config.json"), &generation)
+    }
+
     pub fn stream(&self) -> StreamDecoder<'_> {
         StreamDecoder {
             tokenizer: self,
@@ -290,6 +341,11 @@ impl TokenIds {
             TokenIds::Many(ids) => ids,
         }
     }
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// A missing file reads as the defaults; an unreadable or malformed one is an error naming it.

@@ -1,0 +1,108 @@
+// Shared by every kernel file (prepended before compilation; no CUDA headers needed).
+// Storage types: float, and f16/bf16 as raw 16-bit words converted by hand, so NVRTC needs no
+// toolkit headers. Kernels load to f32, compute in f32, store once.
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct F32 {
+  typedef float T;
+  static __device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
+  static __device__ __forceinline__ void st(T* p, i64 i, float v) { p[i] = v; }
+};
+struct F16 {
+  typedef unsigned short T;
+  static __device__ __forceinline__ float ld(const T* p, i64 i) {
+    float f; unsigned short h = p[i];
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+  static __device__ __forceinline__ void st(T* p, i64 i, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i] = h;
+  }
+};
+struct BF16 {
+  typedef unsigned short T;
+  static __device__ __forceinline__ float ld(const T* p, i64 i) { return __uint_as_float(((unsigned)p[i]) << 16); }
+  static __device__ __forceinline__ void st(T* p, i64 i, float v) {
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { p[i] = (unsigned short)((u >> 16) | 0x40); return; }  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    p[i] = (unsigned short)(u >> 16);
+  }
+};
+struct I32 {
+  typedef int T;
+  static __device__ __forceinline__ float ld(const T* p, i64 i) { return (float)p[i]; }
+  static __device__ __forceinline__ void st(T* p, i64 i, float v) { p[i] = (int)v; }
+};
+struct U32 {
+  typedef unsigned T;
+  static __device__ __forceinline__ float ld(const T* p, i64 i) { return (float)p[i]; }
+  static __device__ __forceinline__ void st(T* p, i64 i, float v) { p[i] = (unsigned)v; }
+};
+
+// Integer reads of ids/positions/lengths: `kind` 0 = int32, 1 = uint32, 2 = uint8.
+__device__ __forceinline__ i64 ld_index(const void* p, int kind, i64 i) {
+  if (kind == 0) return ((const int*)p)[i];
+  if (kind == 1) return ((const unsigned*)p)[i];
+  return ((const unsigned char*)p)[i];
+}
+
+__device__ __forceinline__ i64 gid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ i64 gstride() { return (i64)gridDim.x * blockDim.x; }
+
+// Reduce over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  v = warp_sum(v);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  int warps = blockDim.x >> 5;
+  v = (threadIdx.x < warps) ? part[threadIdx.x] : 0.0f;
+  if (warp == 0) v = warp_sum(v);
+  if (threadIdx.x == 0) part[0] = v;
+  __syncthreads();
+  return part[0];
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  v = warp_max(v);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  int warps = blockDim.x >> 5;
+  v = (threadIdx.x < warps) ? part[threadIdx.x] : -INFINITY;
+  if (warp == 0) v = warp_max(v);
+  if (threadIdx.x == 0) part[0] = v;
+  __syncthreads();
+  return part[0];
+}
+
+// Any float dtype by runtime code (0 f32, 1 f16, 2 bf16): for ops whose operands may differ
+// in dtype (weights widened in the kernel). The code is uniform per launch, so no divergence.
+__device__ __forceinline__ float ldf(const void* p, int dt, i64 i) {
+  if (dt == 0) return ((const float*)p)[i];
+  if (dt == 1) return F16::ld((const unsigned short*)p, i);
+  return BF16::ld((const unsigned short*)p, i);
+}
+__device__ __forceinline__ void stf(void* p, int dt, i64 i, float v) {
+  if (dt == 0) ((float*)p)[i] = v;
+  else if (dt == 1) F16::st((unsigned short*)p, i, v);
+  else BF16::st((unsigned short*)p, i, v);
+}

@@ -1,0 +1,104 @@
+// Gathers, sorting and sampling.
+
+// Rows of table [V, row_bytes] at ids.
+extern "C" __global__ void gather_rows(const unsigned char* table, i64 vocab, i64 row_bytes, const void* ids, int id_kind,
+                                       i64 count, unsigned char* y, int* error, int tag) {
+  for (i64 idx = gid(); idx < count * row_bytes; idx += gstride()) {
+    i64 p = idx / row_bytes, c = idx % row_bytes;
+    i64 id = ld_index(ids, id_kind, p);
+    if (id < 0 || id >= vocab) { atomicCAS(error, 0, tag); continue; }
+    y[idx] = table[id * row_bytes + c];
+  }
+}
+
+// Quantized embedding rows dequantized into y [count, D].
+extern "C" __global__ void quantized_gather(const unsigned* w, const void* s, const void* z, int sdt, i64 vocab, i64 d,
+                                            int bits, int group, const void* ids, int id_kind, i64 count, void* y,
+                                            int ydt, int* error, int tag) {
+  const int per = 32 / bits;
+  const unsigned mask = (1u << bits) - 1u;
+  for (i64 idx = gid(); idx < count * d; idx += gstride()) {
+    i64 p = idx / d, j = idx % d;
+    i64 id = ld_index(ids, id_kind, p);
+    if (id < 0 || id >= vocab) { atomicCAS(error, 0, tag); continue; }
+    unsigned word = w[id * (d / per) + j / per];
+    float q = (float)((word >> ((j % per) * bits)) & mask);
+    i64 g = id * (d / group) + j / group;
+    stf(y, ydt, idx, q * ldf(s, sdt, g) + ldf(z, sdt, g));
+  }
+}
+
+// out [outer, m, inner] = x [outer, n, inner] at idx along the middle axis.
+extern "C" __global__ void take_along(const unsigned char* x, int size, i64 outer, i64 n, i64 inner, const void* idx,
+                                      int id_kind, i64 m, unsigned char* y, int* error, int tag) {
+  for (i64 at = gid(); at < outer * m * inner; at += gstride()) {
+    i64 i = at % inner, o = at / (m * inner);
+    i64 k = ld_index(idx, id_kind, at);
+    if (k < 0 || k >= n) { atomicCAS(error, 0, tag); continue; }
+    i64 src = (o * n + k) * inner + i;
+    for (int b = 0; b < size; b++) y[at * size + b] = x[src * size + b];
+  }
+}
+
+// Does (value a at index ia) sort before (b at ib)? NaN counts as the largest value; ties by index.
+__device__ __forceinline__ bool before(float a, i64 ia, float b, i64 ib, int descending) {
+  bool an = isnan(a), bn = isnan(b);
+  if (an || bn) {
+    if (an && bn) return ia < ib;
+    return descending ? an : bn;
+  }
+  if (a != b) return descending ? a > b : a < b;
+  return ia < ib;
+}
+
+// One thread per row: insertion sort of indices (rows are short: the host refuses long ones).
+extern "C" __global__ void argsort_rows(const void* x, int dt, i64 rows, i64 n, int descending, i64 keep, unsigned* y,
+                                        unsigned* scratch) {
+  for (i64 r = gid(); r < rows; r += gstride()) {
+    unsigned* ix = scratch + r * n;
+    for (i64 i = 0; i < n; i++) {
+      float v = ldf(x, dt, r * n + i);
+      i64 j = i;
+      while (j > 0 && before(v, i, ldf(x, dt, r * n + ix[j - 1]), ix[j - 1], descending)) { ix[j] = ix[j - 1]; j--; }
+      ix[j] = (unsigned)i;
+    }
+    for (i64 i = 0; i < keep; i++) y[r * keep + i] = ix[i];
+  }
+}
+
+// The CPU's counter-based RNG (mlxcel_core::rng), bit for bit.
+__device__ __forceinline__ u64 mix64(u64 x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+__device__ __forceinline__ float gumbel(u64 seed, unsigned counter, unsigned row, unsigned col) {
+  u64 x = mix64(mix64(seed ^ (u64)counter) ^ (((u64)row << 32) | (u64)col));
+  float u = ((float)(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return -logf(-logf(u));
+}
+
+// One block per row: argmax of logits + Gumbel noise (the Gumbel-max draw).
+extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vocab, const unsigned* counter, u64 seed,
+                                              unsigned* y) {
+  const i64 row = blockIdx.x;
+  float best = -INFINITY; i64 at = 0; bool found = false;
+  for (i64 j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float l = ldf(logits, dt, row * vocab + j);
+    if (l == -INFINITY) continue;
+    float sc = l + gumbel(seed, *counter, (unsigned)row, (unsigned)j);
+    if (!found || sc > best) { best = sc; at = j; found = true; }
+  }
+  __shared__ float bv[1024]; __shared__ i64 bi[1024];
+  bv[threadIdx.x] = found ? best : -INFINITY; bi[threadIdx.x] = found ? at : vocab;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      float v2 = bv[threadIdx.x + s]; i64 k2 = bi[threadIdx.x + s];
+      if (v2 > bv[threadIdx.x] || (v2 == bv[threadIdx.x] && k2 < bi[threadIdx.x])) { bv[threadIdx.x] = v2; bi[threadIdx.x] = k2; }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) y[row] = (unsigned)(bi[0] >= vocab ? 0 : bi[0]);
+}

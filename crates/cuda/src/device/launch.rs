@@ -1,0 +1,625 @@
+//! From a node to its kernel launch: argument lists mirror the kernels' parameters in
+//! `kernels/*.cu`, one `match` arm per op.
+
+use cudarc::driver::DeviceRepr;
+use mlxcel_core::{BinaryOp, CompareOp, Error, Graph, Op, ReduceOp, Result, UnaryOp};
+
+use super::{acode, fcode, fsuffix, icode, Arg, Gpu};
+
+/// Strided-copy description passed by value (`View8` in layout.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct View8 {
+    rank: i32,
+    shape: [i64; 8],
+    src_stride: [i64; 8],
+    dst_stride: [i64; 8],
+    src_off: i64,
+    dst_off: i64,
+}
+
+// SAFETY: plain-old-data with the same C layout as the kernel's struct.
+unsafe impl DeviceRepr for View8 {}
+
+const THREADS: u32 = 256;
+
+/// Blocks for a grid-stride loop over `n` elements.
+fn blocks(n: usize) -> u32 {
+    n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32
+}
+
+fn strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for a in (0..shape.len().saturating_sub(1)).rev() {
+        s[a] = s[a + 1] * shape[a + 1] as i64;
+    }
+    s
+}
+
+fn view(shape: &[usize], src_stride: &[i64], src_off: i64, dst_stride: &[i64], dst_off: i64) -> Result<View8> {
+    if shape.len() > 8 {
+        return Err(Error::Unsupported {
+            backend: "cuda",
+            op: format!("layout op of rank {}", shape.len()),
+        });
+    }
+    let mut v = View8 {
+        rank: shape.len() as i32,
+        shape: [1; 8],
+        src_stride: [0; 8],
+        dst_stride: [0; 8],
+        src_off,
+        dst_off,
+    };
+    for a in 0..shape.len() {
+        v.shape[a] = shape[a] as i64;
+        v.src_stride[a] = src_stride[a];
+        v.dst_stride[a] = dst_stride[a];
+    }
+    Ok(v)
+}
+
+fn dims(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (
+        shape[..axis].iter().product(),
+        shape[axis],
+        shape[axis + 1..].iter().product(),
+    )
+}
+
+fn unary_code(u: UnaryOp) -> (i32, f32) {
+    match u {
+        UnaryOp::Neg => (0, 0.0),
+        UnaryOp::Abs => (1, 0.0),
+        UnaryOp::Exp => (2, 0.0),
+        UnaryOp::Log => (3, 0.0),
+        UnaryOp::Sqrt => (4, 0.0),
+        UnaryOp::Rsqrt => (5, 0.0),
+        UnaryOp::Tanh => (6, 0.0),
+        UnaryOp::Sigmoid => (7, 0.0),
+        UnaryOp::Silu => (8, 0.0),
+        UnaryOp::GeluErf => (9, 0.0),
+        UnaryOp::GeluTanh => (10, 0.0),
+        UnaryOp::Softcap(c) => (11, c),
+        UnaryOp::Sin => (12, 0.0),
+        UnaryOp::Cos => (13, 0.0),
+    }
+}
+
+fn binary_code(b: BinaryOp) -> i32 {
+    match b {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Maximum => 4,
+        BinaryOp::Minimum => 5,
+    }
+}
+
+fn compare_code(c: CompareOp) -> i32 {
+    match c {
+        CompareOp::Eq => 0,
+        CompareOp::Ne => 1,
+        CompareOp::Lt => 2,
+        CompareOp::Le => 3,
+        CompareOp::Gt => 4,
+        CompareOp::Ge => 5,
+    }
+}
+
+/// Launches node `i`. `ptr(k)` is the device pointer of its k-th input, `out` of its value.
+#[allow(clippy::too_many_arguments)]
+pub fn node(
+    gpu: &Gpu,
+    graph: &Graph,
+    i: usize,
+    ptr: &dyn Fn(usize) -> u64,
+    out: u64,
+    scratch: u64,
+    error: u64,
+    tag: i32,
+) -> Result<()> {
+    use Arg::{Ptr, F32, I32, I64, U64};
+    let node = &graph.nodes[i];
+    let input = |k: usize| graph.node(node.inputs[k]);
+    let n = node.shape.iter().product::<usize>();
+    let ni = n as i64;
+    match &node.op {
+        Op::Parameter { .. } | Op::Constant { .. } | Op::Input { .. } | Op::State { .. } | Op::Reshape => Ok(()),
+        Op::Unary(u) => {
+            let (op, p) = unary_code(*u);
+            let name = if node.dtype.is_float() {
+                match fsuffix(node.dtype)? {
+                    "f32" => "unary_f32",
+                    "f16" => "unary_f16",
+                    _ => "unary_bf16",
+                }
+            } else {
+                "unary_i32"
+            };
+            gpu.launch(
+                name,
+                blocks(n),
+                THREADS,
+                0,
+                &[I32(op), F32(p), Ptr(ptr(0)), Ptr(out), I64(ni)],
+            )
+        }
+        Op::Binary(b) => {
+            let name = match node.dtype {
+                mlxcel_core::DType::F32 => "binary_f32",
+                mlxcel_core::DType::F16 => "binary_f16",
+                mlxcel_core::DType::BF16 => "binary_bf16",
+                mlxcel_core::DType::I32 => "binary_i32",
+                _ => "binary_u32",
+            };
+            gpu.launch(
+                name,
+                blocks(n),
+                THREADS,
+                0,
+                &[I32(binary_code(*b)), Ptr(ptr(0)), Ptr(ptr(1)), Ptr(out), I64(ni)],
+            )
+        }
+        Op::Compare(c) => gpu.launch(
+            "compare_any",
+            blocks(n),
+            THREADS,
+            0,
+            &[
+                I32(compare_code(*c)),
+                I32(acode(input(0).dtype)),
+                Ptr(ptr(0)),
+                Ptr(ptr(1)),
+                Ptr(out),
+                I64(ni),
+            ],
+        ),
+        Op::Where => gpu.launch(
+            "select_any",
+            blocks(n),
+            THREADS,
+            0,
+            &[
+                Ptr(ptr(0)),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                Ptr(out),
+                I32(node.dtype.size() as i32),
+                I64(ni),
+            ],
+        ),
+        Op::AsType => {
+            let from = match input(0).dtype {
+                mlxcel_core::DType::Bool => 5, // read as one byte
+                d => acode(d),
+            };
+            gpu.launch(
+                "astype_any",
+                blocks(n),
+                THREADS,
+                0,
+                &[I32(from), Ptr(ptr(0)), I32(acode(node.dtype)), Ptr(out), I64(ni)],
+            )
+        }
+        Op::Reduce { op, axis, .. } => {
+            let (outer, len, inner) = dims(&input(0).shape, *axis);
+            let code = match op {
+                ReduceOp::Sum => 0,
+                ReduceOp::Max => 1,
+                ReduceOp::Min => 2,
+                ReduceOp::ArgMax => 3,
+                ReduceOp::LogSumExp => 4,
+            };
+            let name = match fsuffix(input(0).dtype)? {
+                "f32" => "reduce_f32",
+                "f16" => "reduce_f16",
+                _ => "reduce_bf16",
+            };
+            let (y, yi) = if *op == ReduceOp::ArgMax { (0, out) } else { (out, 0) };
+            let args = [
+                I32(code),
+                Ptr(ptr(0)),
+                Ptr(y),
+                Ptr(yi),
+                I64(len as i64),
+                I64(inner as i64),
+            ];
+            gpu.launch(name, (outer * inner) as u32, THREADS, 0, &args)
+        }
+        Op::Softmax { axis } => {
+            let (outer, len, inner) = dims(&input(0).shape, *axis);
+            let name = match fsuffix(node.dtype)? {
+                "f32" => "softmax_f32",
+                "f16" => "softmax_f16",
+                _ => "softmax_bf16",
+            };
+            gpu.launch(
+                name,
+                (outer * inner) as u32,
+                THREADS,
+                0,
+                &[Ptr(ptr(0)), Ptr(out), I64(len as i64), I64(inner as i64)],
+            )
+        }
+        Op::CumSum { axis, reverse } => {
+            let (outer, len, inner) = dims(&input(0).shape, *axis);
+            let name = match fsuffix(node.dtype)? {
+                "f32" => "cumsum_f32",
+                "f16" => "cumsum_f16",
+                _ => "cumsum_bf16",
+            };
+            let args = [
+                Ptr(ptr(0)),
+                Ptr(out),
+                I64(outer as i64),
+                I64(len as i64),
+                I64(inner as i64),
+                I32(i32::from(*reverse)),
+            ];
+            gpu.launch(name, blocks(outer * inner), THREADS, 0, &args)
+        }
+        Op::MatMul { transpose_b } => {
+            let (sa, sb) = (&input(0).shape, &input(1).shape);
+            let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+            let nn = if *transpose_b {
+                sb[sb.len() - 2]
+            } else {
+                sb[sb.len() - 1]
+            };
+            let batch: usize = sa[..sa.len() - 2].iter().product();
+            if *transpose_b {
+                let args = [
+                    Ptr(ptr(0)),
+                    I32(fcode(input(0).dtype)?),
+                    Ptr(ptr(1)),
+                    I32(fcode(input(1).dtype)?),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                    I64(batch as i64),
+                    I64(m as i64),
+                    I64(nn as i64),
+                    I64(k as i64),
+                    I32(i32::from(sb.len() > 2)),
+                ];
+                return gpu.launch("matmul_t_warp", blocks(n * 32), THREADS, 0, &args);
+            }
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                Ptr(ptr(1)),
+                I32(fcode(input(1).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(batch as i64),
+                I64(m as i64),
+                I64(nn as i64),
+                I64(k as i64),
+                I32(i32::from(*transpose_b)),
+                I32(i32::from(sb.len() > 2)),
+            ];
+            gpu.launch("matmul", blocks(n), THREADS, 0, &args)
+        }
+        Op::QuantizedMatMul { bits, group_size } => {
+            let k = *input(0).shape.last().unwrap();
+            let nn = input(1).shape[0];
+            let m = input(0).shape.iter().product::<usize>() / k;
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                Ptr(ptr(3)),
+                I32(fcode(input(2).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(m as i64),
+                I64(nn as i64),
+                I64(k as i64),
+                I32(*bits as i32),
+                I32(*group_size as i32),
+            ];
+            gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
+        }
+        Op::GatherQuantizedMatMul { bits, group_size } => {
+            let sx = &input(0).shape;
+            let (k, x_rows) = (sx[sx.len() - 1], sx[sx.len() - 2]);
+            let sw = &input(1).shape;
+            let (experts, nn) = (sw[0], sw[1]);
+            let pairs: usize = input(4).shape.iter().product();
+            let top = *input(4).shape.last().unwrap();
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                I64(x_rows as i64),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                Ptr(ptr(3)),
+                I32(fcode(input(2).dtype)?),
+                Ptr(ptr(4)),
+                I32(icode(input(4).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(pairs as i64),
+                I64(top as i64),
+                I64(experts as i64),
+                I64(nn as i64),
+                I64(k as i64),
+                I32(*bits as i32),
+                I32(*group_size as i32),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
+        }
+        Op::RmsNorm { eps, unit_offset } => {
+            let d = *node.shape.last().unwrap();
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                Ptr(ptr(1)),
+                I32(fcode(input(1).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(d as i64),
+                F32(*eps),
+                I32(i32::from(*unit_offset)),
+            ];
+            gpu.launch("rms_norm", (n / d.max(1)) as u32, THREADS, 0, &args)
+        }
+        Op::LayerNorm {
+            eps,
+            has_weight,
+            has_bias,
+        } => {
+            let d = *node.shape.last().unwrap();
+            let w = if *has_weight { ptr(1) } else { 0 };
+            let b = if *has_bias {
+                ptr(1 + usize::from(*has_weight))
+            } else {
+                0
+            };
+            let pdt = if node.inputs.len() > 1 {
+                fcode(input(1).dtype)?
+            } else {
+                0
+            };
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                Ptr(w),
+                Ptr(b),
+                I32(pdt),
+                I32(i32::from(*has_weight)),
+                I32(i32::from(*has_bias)),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(d as i64),
+                F32(*eps),
+            ];
+            gpu.launch("layer_norm", (n / d.max(1)) as u32, THREADS, 0, &args)
+        }
+        Op::Rope {
+            dims,
+            interleaved,
+            scale,
+        } => {
+            let s = &node.shape;
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(node.dtype)?),
+                Ptr(ptr(1)),
+                I32(icode(input(1).dtype)?),
+                I32(i32::from(input(1).shape.len() == 2)),
+                Ptr(ptr(2)),
+                I32(fcode(input(2).dtype)?),
+                Ptr(out),
+                I64(s[0] as i64),
+                I64(s[1] as i64),
+                I64(s[2] as i64),
+                I64(s[3] as i64),
+                I64(*dims as i64),
+                I32(i32::from(*interleaved)),
+                F32(*scale),
+            ];
+            gpu.launch("rope", blocks(n), THREADS, 0, &args)
+        }
+        Op::Attention {
+            scale,
+            causal,
+            window,
+            softcap,
+        } => {
+            let (sq, sk) = (&input(0).shape, &input(1).shape);
+            let dv = input(2).shape[3];
+            let rows = sq[0] * sq[1] * sq[2];
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                I32(fcode(input(1).dtype)?),
+                Ptr(ptr(3)),
+                I32(icode(input(3).dtype)?),
+                I32(input(3).shape.iter().product::<usize>() as i32),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(sq[1] as i64),
+                I64(sk[1] as i64),
+                I64(sq[2] as i64),
+                I64(sk[2] as i64),
+                I64(sq[3] as i64),
+                I64(dv as i64),
+                F32(*scale),
+                I32(i32::from(*causal)),
+                I64(window.map_or(0, |w| w as i64)),
+                F32(softcap.unwrap_or(0.0)),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("attention", rows as u32, 128, (sk[2] * 4) as u32, &args)
+        }
+        Op::KvWrite => {
+            let (sc, sn) = (&node.shape, &input(1).shape);
+            let args = [
+                Ptr(out),
+                Ptr(ptr(1)),
+                I32(node.dtype.size() as i32),
+                Ptr(ptr(2)),
+                I32(icode(input(2).dtype)?),
+                I32(input(2).shape.iter().product::<usize>() as i32),
+                I64(sc[0] as i64),
+                I64(sc[1] as i64),
+                I64(sc[2] as i64),
+                I64(sn[2] as i64),
+                I64(sc[3] as i64),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("kv_write", blocks(sn.iter().product()), THREADS, 0, &args)
+        }
+        Op::Gather => {
+            let st = &input(0).shape;
+            let row = st[1] * node.dtype.size();
+            let count: usize = input(1).shape.iter().product();
+            let args = [
+                Ptr(ptr(0)),
+                I64(st[0] as i64),
+                I64(row as i64),
+                Ptr(ptr(1)),
+                I32(icode(input(1).dtype)?),
+                I64(count as i64),
+                Ptr(out),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("gather_rows", blocks(count * row), THREADS, 0, &args)
+        }
+        Op::QuantizedGather { bits, group_size } => {
+            let d = *node.shape.last().unwrap();
+            let count: usize = input(3).shape.iter().product();
+            let args = [
+                Ptr(ptr(0)),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                I32(fcode(input(1).dtype)?),
+                I64(input(0).shape[0] as i64),
+                I64(d as i64),
+                I32(*bits as i32),
+                I32(*group_size as i32),
+                Ptr(ptr(3)),
+                I32(icode(input(3).dtype)?),
+                I64(count as i64),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("quantized_gather", blocks(count * d), THREADS, 0, &args)
+        }
+        Op::TakeAlongAxis { axis } => {
+            let (outer, len, inner) = dims(&input(0).shape, *axis);
+            let m = input(1).shape[*axis];
+            let args = [
+                Ptr(ptr(0)),
+                I32(node.dtype.size() as i32),
+                I64(outer as i64),
+                I64(len as i64),
+                I64(inner as i64),
+                Ptr(ptr(1)),
+                I32(icode(input(1).dtype)?),
+                I64(m as i64),
+                Ptr(out),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("take_along", blocks(n), THREADS, 0, &args)
+        }
+        Op::TopK { .. } | Op::ArgSort { .. } => {
+            let row = *input(0).shape.last().unwrap();
+            let rows = input(0).shape.iter().product::<usize>() / row.max(1);
+            let (descending, keep) = match &node.op {
+                Op::TopK { k } => (1, *k),
+                Op::ArgSort { descending } => (i32::from(*descending), row),
+                _ => unreachable!(),
+            };
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                I64(rows as i64),
+                I64(row as i64),
+                I32(descending),
+                I64(keep as i64),
+                Ptr(out),
+                Ptr(scratch),
+            ];
+            gpu.launch("argsort_rows", blocks(rows), THREADS, 0, &args)
+        }
+        Op::SampleCategorical { seed } => {
+            let s = &input(0).shape;
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                I64(s[1] as i64),
+                Ptr(ptr(1)),
+                U64(*seed),
+                Ptr(out),
+            ];
+            gpu.launch("sample_categorical", s[0] as u32, THREADS, 0, &args)
+        }
+        Op::Transpose { perm } => {
+            let st = strides(&input(0).shape);
+            let src: Vec<i64> = perm.iter().map(|&p| st[p]).collect();
+            let v = view(&node.shape, &src, 0, &strides(&node.shape), 0)?;
+            copy(gpu, ptr(0), out, node.dtype.size(), v, n)
+        }
+        Op::Slice { start, step, .. } => {
+            let st = strides(&input(0).shape);
+            let off = start.iter().zip(&st).map(|(&a, &s)| a as i64 * s).sum();
+            let src: Vec<i64> = st.iter().zip(step).map(|(&s, &k)| s * k as i64).collect();
+            let v = view(&node.shape, &src, off, &strides(&node.shape), 0)?;
+            copy(gpu, ptr(0), out, node.dtype.size(), v, n)
+        }
+        Op::Broadcast => {
+            let sh = &input(0).shape;
+            let src: Vec<i64> = strides(sh)
+                .iter()
+                .zip(sh)
+                .map(|(&s, &d)| if d == 1 { 0 } else { s })
+                .collect();
+            let v = view(&node.shape, &src, 0, &strides(&node.shape), 0)?;
+            copy(gpu, ptr(0), out, node.dtype.size(), v, n)
+        }
+        Op::Concat { axis } => {
+            let dst = strides(&node.shape);
+            let mut at = 0i64;
+            for k in 0..node.inputs.len() {
+                let sh = &input(k).shape;
+                let v = view(sh, &strides(sh), 0, &dst, at * dst[*axis])?;
+                copy(gpu, ptr(k), out, node.dtype.size(), v, sh.iter().product())?;
+                at += sh[*axis] as i64;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn copy(gpu: &Gpu, src: u64, dst: u64, size: usize, v: View8, n: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        "strided_copy",
+        blocks(n),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(src),
+            Arg::Ptr(dst),
+            Arg::I32(size as i32),
+            Arg::View(Box::new(v)),
+            Arg::I64(n as i64),
+        ],
+    )
+}

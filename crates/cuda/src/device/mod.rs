@@ -1,0 +1,508 @@
+//! The real CUDA backend (feature `cuda`): one context and stream on GPU 0, one NVRTC-compiled
+//! module, sessions holding planned device buffers. Kernel arguments are raw device pointers
+//! taken once at load: every buffer lives as long as its session and never moves.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport};
+use mlxcel_core::plan::{self, Loc, Plan};
+use mlxcel_core::tensor::Storage;
+use mlxcel_core::{DType, Error, Graph, HostTensor, Node, NodeName, Op, Result, Session};
+
+fn driver_err(e: impl std::fmt::Debug) -> Error {
+    Error::Backend(format!("CUDA: {e:?}"))
+}
+
+/// Compiles the kernel program for `arch` with NVRTC.
+pub fn compile_ptx(arch: &'static str) -> Result<String> {
+    // SAFETY: only probes whether the library loads (cudarc would panic on first use otherwise).
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Backend("NVRTC (libnvrtc) was not found: set LD_LIBRARY_PATH to a CUDA 13 install".into()));
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(crate::kernel_source(), opts)
+        .map_err(|e| Error::Backend(format!("NVRTC could not compile the kernels for {arch}: {e:?}")))?;
+    Ok(ptx.to_src())
+}
+
+pub struct Gpu {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: std::sync::Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+impl Gpu {
+    pub fn open() -> Result<Arc<Gpu>> {
+        // SAFETY: only probes whether the driver library loads (cudarc would panic on first use).
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Backend("no CUDA driver (libcuda) on this machine".into()));
+        }
+        let ctx = CudaContext::new(0).map_err(|e| Error::Backend(format!("no usable CUDA device: {e:?}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let ptx = compile_ptx(arch)?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
+        // One stream, so the automatic cross-stream event tracking has nothing to do.
+        // SAFETY: no buffer of this context is used from a second stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        Ok(Arc::new(Gpu {
+            stream,
+            module,
+            funcs: Default::default(),
+        }))
+    }
+
+    fn func(&self, name: &'static str) -> Result<CudaFunction> {
+        let mut funcs = self.funcs.lock().expect("kernel table lock");
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(name)
+            .map_err(|e| Error::Backend(format!("kernel {name}: {e:?}")))?;
+        funcs.insert(name, f.clone());
+        Ok(f)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| {
+            let free = cudarc::driver::result::mem_get_info().map(|(f, _)| f).unwrap_or(0);
+            Error::Backend(format!("out of GPU memory: needed {bytes} bytes, {free} free ({e:?})"))
+        })
+    }
+
+    fn ptr(&self, s: &CudaSlice<u8>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+}
+
+/// Float dtype codes of `ldf`/`stf` in common.cuh.
+fn fcode(d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        other => Err(Error::Unsupported {
+            backend: "cuda",
+            op: format!("float kernel on {other}"),
+        }),
+    }
+}
+
+/// Any-dtype codes of `ld_any`/`astype_any`.
+fn acode(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::I32 => 3,
+        DType::U32 => 4,
+        DType::U8 => 5,
+        DType::Bool => 6,
+    }
+}
+
+/// Index kinds of `ld_index`.
+fn icode(d: DType) -> Result<i32> {
+    match d {
+        DType::I32 => Ok(0),
+        DType::U32 => Ok(1),
+        DType::U8 => Ok(2),
+        other => Err(Error::Unsupported {
+            backend: "cuda",
+            op: format!("indices of dtype {other}"),
+        }),
+    }
+}
+
+fn fsuffix(d: DType) -> Result<&'static str> {
+    Ok(match fcode(d)? {
+        0 => "f32",
+        1 => "f16",
+        _ => "bf16",
+    })
+}
+
+/// Rows sorted per thread by `argsort_rows`; longer rows need a real sort kernel.
+const MAX_SORT: usize = 8192;
+/// Query rows keep their scores in 48 KB of shared memory.
+const MAX_ATTENTION_KEYS: usize = 12288;
+
+pub fn check_supported(node: &Node) -> Result<()> {
+    let float = node.dtype.is_float();
+    let ok = match &node.op {
+        Op::Unary(u) => float || (node.dtype == DType::I32 && !u.needs_float()),
+        Op::Binary(_) => float || matches!(node.dtype, DType::I32 | DType::U32),
+        Op::Softmax { .. } | Op::CumSum { .. } | Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::Rope { .. } => float,
+        Op::MatMul { .. } | Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } => float,
+        Op::Attention { .. } | Op::QuantizedGather { .. } => float,
+        Op::Reduce { .. } => float || node.dtype == DType::U32,
+        _ => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Unsupported {
+            backend: "cuda",
+            op: format!("{} producing {}", node.op.name(), node.dtype),
+        })
+    }
+}
+
+/// Checks that need the graph (operand dtypes and sizes).
+fn check_node(graph: &Graph, node: &Node) -> Result<()> {
+    check_supported(node)?;
+    let input = |k: usize| graph.node(node.inputs[k]);
+    let bad = |why: String| {
+        Err(Error::Unsupported {
+            backend: "cuda",
+            op: format!("{}: {why}", node.op.name()),
+        })
+    };
+    match &node.op {
+        Op::Reduce { .. } | Op::TopK { .. } | Op::ArgSort { .. } | Op::SampleCategorical { .. }
+            if !input(0).dtype.is_float() =>
+        {
+            bad(format!("{} input", input(0).dtype))
+        }
+        Op::TopK { .. } | Op::ArgSort { .. } if *input(0).shape.last().unwrap_or(&0) > MAX_SORT => {
+            bad(format!("rows longer than {MAX_SORT}"))
+        }
+        Op::Attention { .. } if input(1).shape[2] > MAX_ATTENTION_KEYS => {
+            bad(format!("more than {MAX_ATTENTION_KEYS} cached keys"))
+        }
+        Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } if input(2).dtype != input(3).dtype => {
+            bad("scales and biases of different dtypes".into())
+        }
+        Op::QuantizedGather { .. } if input(1).dtype != input(2).dtype => {
+            bad("scales and biases of different dtypes".into())
+        }
+        Op::LayerNorm {
+            has_weight: true,
+            has_bias: true,
+            ..
+        } if input(1).dtype != input(2).dtype => bad("weight and bias of different dtypes".into()),
+        Op::Attention { .. } if input(1).dtype != input(2).dtype => bad("k and v of different dtypes".into()),
+        Op::Binary(_) | Op::Unary(_) if node.dtype == DType::U8 => bad("uint8 arithmetic".into()),
+        _ => Ok(()),
+    }
+}
+
+struct StateBuf {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    buf: CudaSlice<u8>,
+}
+
+struct Loaded {
+    graph: Graph,
+    plan: Plan,
+    /// Device pointer of each leaf (parameter or constant) of this graph.
+    leaves: Vec<u64>,
+    slots: Vec<CudaSlice<u8>>,
+    /// Per-node scratch (argsort).
+    scratch: HashMap<usize, CudaSlice<u8>>,
+    keep_named: bool,
+}
+
+pub struct CudaSession {
+    gpu: Arc<Gpu>,
+    states: Vec<StateBuf>,
+    graphs: Vec<Loaded>,
+    /// Weights uploaded once per session, shared by every graph that names the same bytes.
+    uploads: Vec<(Storage, CudaSlice<u8>)>,
+    /// Set by kernels that meet an out-of-range index (to the failing node's index + 1).
+    error: CudaSlice<i32>,
+}
+
+impl CudaSession {
+    pub fn new(gpu: Arc<Gpu>) -> Result<CudaSession> {
+        let error = gpu.stream.alloc_zeros::<i32>(1).map_err(driver_err)?;
+        Ok(CudaSession {
+            gpu,
+            states: Vec::new(),
+            graphs: Vec::new(),
+            uploads: Vec::new(),
+            error,
+        })
+    }
+
+    fn upload(&mut self, t: &HostTensor) -> Result<u64> {
+        if let Some((_, buf)) = self.uploads.iter().find(|(s, _)| s.same_as(&t.data)) {
+            return Ok(self.gpu.ptr(buf));
+        }
+        let mut buf = self.gpu.alloc(t.bytes().len())?;
+        if !t.bytes().is_empty() {
+            self.gpu.stream.memcpy_htod(t.bytes(), &mut buf).map_err(driver_err)?;
+        }
+        let p = self.gpu.ptr(&buf);
+        self.uploads.push((t.data.clone(), buf));
+        Ok(p)
+    }
+
+    fn state_for(&mut self, node: &Node) -> Result<usize> {
+        let Op::State { name } = &node.op else {
+            unreachable!("called on state nodes")
+        };
+        if let Some(i) = self.states.iter().position(|s| &s.name == name) {
+            let s = &self.states[i];
+            if s.dtype != node.dtype || s.shape != node.shape {
+                return Err(Error::Invalid(format!(
+                    "state {name} is {} {:?} in this session, the graph wants {} {:?}",
+                    s.dtype, s.shape, node.dtype, node.shape
+                )));
+            }
+            return Ok(i);
+        }
+        let buf = self.gpu.alloc(bytes_of(node))?;
+        self.states.push(StateBuf {
+            name: name.clone(),
+            dtype: node.dtype,
+            shape: node.shape.clone(),
+            buf,
+        });
+        Ok(self.states.len() - 1)
+    }
+
+    fn state_index(&self, name: &str) -> Result<usize> {
+        self.states
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| Error::Invalid(format!("no state named {name} in this session")))
+    }
+
+    fn download(&self, ptr_of: &dyn Fn(usize) -> u64, g: &Loaded, i: usize) -> Result<HostTensor> {
+        let node = &g.graph.nodes[i];
+        let n = bytes_of(node);
+        let mut host = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: the pointer names a live buffer of this session holding at least n bytes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, ptr_of(i)) }.map_err(driver_err)?;
+        }
+        HostTensor::from_bytes(node.dtype, node.shape.clone(), Storage::from_vec(host))
+    }
+}
+
+fn bytes_of(node: &Node) -> usize {
+    node.shape.iter().product::<usize>() * node.dtype.size()
+}
+
+fn loc_ptr(gpu: &Gpu, loc: Loc, g: &Loaded, states: &[StateBuf]) -> u64 {
+    match loc {
+        Loc::Slot(s) => gpu.ptr(&g.slots[s]),
+        Loc::Leaf(l) => g.leaves[l],
+        Loc::State(s) => gpu.ptr(&states[s].buf),
+    }
+}
+
+impl Session for CudaSession {
+    fn backend_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn load(&mut self, graph: &Graph, options: CompileOptions) -> Result<GraphId> {
+        graph.validate()?;
+        for node in &graph.nodes {
+            check_node(graph, node)?;
+        }
+        let mut state_of = vec![0; graph.nodes.len()];
+        let mut leaf_of = vec![0; graph.nodes.len()];
+        let mut leaves = Vec::new();
+        let mut scratch = HashMap::new();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            match &node.op {
+                Op::State { .. } => state_of[i] = self.state_for(node)?,
+                Op::Parameter { data, .. } | Op::Constant { data } => {
+                    leaf_of[i] = leaves.len();
+                    leaves.push(self.upload(data)?);
+                }
+                Op::TopK { .. } | Op::ArgSort { .. } => {
+                    let n: usize = graph.node(node.inputs[0]).shape.iter().product();
+                    scratch.insert(i, self.gpu.alloc(n * 4)?);
+                }
+                _ => {}
+            }
+        }
+        let keep: Vec<bool> = graph
+            .nodes
+            .iter()
+            .map(|n| options.keep_named && n.name.is_some())
+            .collect();
+        let plan = plan::plan(graph, &keep, |i| state_of[i], |i| leaf_of[i]);
+        let slots = plan
+            .slot_bytes
+            .iter()
+            .map(|&b| self.gpu.alloc(b))
+            .collect::<Result<Vec<_>>>()?;
+        self.graphs.push(Loaded {
+            graph: graph.clone(),
+            plan,
+            leaves,
+            slots,
+            scratch,
+            keep_named: options.keep_named,
+        });
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    fn run(&mut self, id: GraphId, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
+        let gpu = self.gpu.clone();
+        let g = self
+            .graphs
+            .get_mut(id.0)
+            .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
+        check_inputs(&g.graph, inputs)?;
+        let error_ptr = gpu.ptr_i32(&self.error);
+        let mut next_input = 0;
+        for i in 0..g.graph.nodes.len() {
+            let node = &g.graph.nodes[i];
+            match node.op {
+                Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape => continue,
+                Op::Input { .. } => {
+                    let Loc::Slot(s) = g.plan.locs[i] else {
+                        unreachable!("inputs are planned into slots")
+                    };
+                    let bytes = inputs[next_input].bytes();
+                    next_input += 1;
+                    if !bytes.is_empty() {
+                        let mut view = g.slots[s].slice_mut(0..bytes.len());
+                        gpu.stream.memcpy_htod(bytes, &mut view).map_err(driver_err)?;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let ptr = |k: usize| loc_ptr(&gpu, g.plan.locs[node.inputs[k].index()], g, &self.states);
+            let out = loc_ptr(&gpu, g.plan.locs[i], g, &self.states);
+            let scratch = g.scratch.get(&i).map(|s| gpu.ptr(s)).unwrap_or(0);
+            launch::node(&gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1)?;
+        }
+        gpu.stream.synchronize().map_err(driver_err)?;
+        let flag = gpu.stream.clone_dtoh(&self.error).map_err(driver_err)?[0];
+        if flag != 0 {
+            gpu.stream.memcpy_htod(&[0i32], &mut self.error).map_err(driver_err)?;
+            let node = &g.graph.nodes[flag as usize - 1];
+            return Err(Error::Runtime(format!(
+                "{} (node {}): an index, position or length was out of range",
+                node.op.name(),
+                flag - 1
+            )));
+        }
+        let g = &self.graphs[id.0];
+        let ptr_of = |i: usize| loc_ptr(&self.gpu, g.plan.locs[i], g, &self.states);
+        g.graph
+            .outputs
+            .iter()
+            .map(|o| self.download(&ptr_of, g, o.index()))
+            .collect()
+    }
+
+    fn named_values(&self, id: GraphId) -> Result<Vec<(NodeName, HostTensor)>> {
+        let g = self
+            .graphs
+            .get(id.0)
+            .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
+        if !g.keep_named {
+            return Err(Error::Invalid("graph was loaded without keep_named".into()));
+        }
+        let ptr_of = |i: usize| loc_ptr(&self.gpu, g.plan.locs[i], g, &self.states);
+        g.graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                n.name
+                    .clone()
+                    .map(|name| self.download(&ptr_of, g, i).map(|t| (name, t)))
+            })
+            .collect()
+    }
+
+    fn read_state(&self, name: &str) -> Result<HostTensor> {
+        let s = &self.states[self.state_index(name)?];
+        let host = self.gpu.stream.clone_dtoh(&s.buf).map_err(driver_err)?;
+        let n = s.shape.iter().product::<usize>() * s.dtype.size();
+        HostTensor::from_bytes(s.dtype, s.shape.clone(), Storage::from_vec(host[..n].to_vec()))
+    }
+
+    fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()> {
+        let i = self.state_index(name)?;
+        let s = &mut self.states[i];
+        if s.dtype != value.dtype || s.shape != value.shape {
+            return Err(Error::Invalid(format!(
+                "state {name} is {} {:?}, got {} {:?}",
+                s.dtype, s.shape, value.dtype, value.shape
+            )));
+        }
+        if !value.bytes().is_empty() {
+            let mut view = s.buf.slice_mut(0..value.bytes().len());
+            self.gpu
+                .stream
+                .memcpy_htod(value.bytes(), &mut view)
+                .map_err(driver_err)?;
+        }
+        Ok(())
+    }
+
+    fn memory(&self) -> MemoryReport {
+        MemoryReport {
+            planned_bytes: self.graphs.iter().flat_map(|g| g.slots.iter().map(|s| s.len())).sum(),
+            state_bytes: self.states.iter().map(|s| s.buf.len()).sum(),
+            parameter_bytes: self.uploads.iter().map(|(_, b)| b.len()).sum(),
+        }
+    }
+}
+
+impl Gpu {
+    fn ptr_i32(&self, s: &CudaSlice<i32>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    /// Launches `name` on `grid × block` threads with `smem` bytes of dynamic shared memory.
+    fn launch(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        let f = self.func(name)?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+                Arg::I64(v) => b.arg(v),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+                Arg::View(v) => b.arg(&**v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.max(1), 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: every kernel's parameter list matches what its launch site pushes (see launch.rs),
+        // and every pointer names a live buffer of the session sized by the planner.
+        unsafe { b.launch(cfg) }.map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))?;
+        Ok(())
+    }
+}
+
+/// One kernel argument, by the C type of the kernel's parameter.
+pub(crate) enum Arg {
+    /// A device pointer (`const T*` / `T*`).
+    Ptr(u64),
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+    View(Box<launch::View8>),
+}
+
+mod launch;
