@@ -21,7 +21,9 @@ fn driver_err(e: impl std::fmt::Debug) -> Error {
 pub fn compile_ptx(arch: &'static str) -> Result<String> {
     // SAFETY: only probes whether the library loads (cudarc would panic on first use otherwise).
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Backend("NVRTC (libnvrtc) was not found: set LD_LIBRARY_PATH to a CUDA 13 install".into()));
+        return Err(Error::Backend(
+            "NVRTC (libnvrtc) was not found: set LD_LIBRARY_PATH to a CUDA 13 install".into(),
+        ));
     }
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
