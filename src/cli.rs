@@ -49,6 +49,28 @@ pub enum Command {
     Demo(DemoArgs),
     /// Write a GGUF file or a model folder as an mlx-lm model folder (lossless unless --quantize).
     Convert(ConvertArgs),
+    /// Prefill and decode speed, on a model or on random weights in a preset's shape.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Random weights in this model's shape and layout (e.g. llama-3.1-8b-4bit), instead of -m.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Prompt tokens (random ids).
+    #[arg(long, default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens to generate (greedy; end-of-sequence ignored).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Timed runs after one warm-up run.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]

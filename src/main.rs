@@ -1,5 +1,6 @@
 //! The `mlxcel` command line.
 
+mod bench;
 mod cli;
 mod convert;
 mod demo;
@@ -42,6 +43,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Perplexity(args) => generate::perplexity(&cli.global, args),
         Command::Demo(args) => demo::command(&cli.global, args),
         Command::Convert(args) => convert::command(args),
+        Command::Bench(args) => bench::command(&cli.global, args),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod llama;
 pub mod quant;
 pub mod qwen2;
 pub mod qwen3;
+pub mod synth;
 pub mod transformer;
 pub mod writer;
 

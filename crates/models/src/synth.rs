@@ -1,0 +1,279 @@
+//! Random weights in the exact shapes (and MLX layout) of real models, for speed work:
+//! `mlxcel bench --preset NAME` and `mlxcel synth`. Quality needs real weights; speed does not.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use mlxcel_core::rng::SplitMix64;
+use mlxcel_core::tensor::Storage;
+use mlxcel_core::{DType, HostTensor};
+use serde_json::{json, Value};
+
+use crate::quant::QuantParams;
+
+pub struct Preset {
+    pub name: &'static str,
+    pub config: fn() -> Value,
+    /// None: dense bf16 weights.
+    pub quant: Option<QuantParams>,
+}
+
+fn llama_3_1_8b() -> Value {
+    json!({
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": false,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+    })
+}
+
+fn qwen2_5_0_5b() -> Value {
+    json!({
+        "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": true
+    })
+}
+
+fn smollm2_135m() -> Value {
+    json!({
+        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0, "max_position_embeddings": 8192, "tie_word_embeddings": true
+    })
+}
+
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "llama-3.1-8b-4bit",
+        config: llama_3_1_8b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
+        }),
+    },
+    Preset {
+        name: "qwen2.5-0.5b-bf16",
+        config: qwen2_5_0_5b,
+        quant: None,
+    },
+    Preset {
+        name: "qwen2.5-0.5b-4bit",
+        config: qwen2_5_0_5b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
+        }),
+    },
+    Preset {
+        name: "smollm2-135m-4bit",
+        config: smollm2_135m,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 32,
+        }),
+    },
+];
+
+pub fn preset(name: &str) -> Result<&'static Preset> {
+    match PRESETS.iter().find(|p| p.name == name) {
+        Some(p) => Ok(p),
+        None => {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            bail!("unknown preset {name:?}; presets: {}", names.join(", "))
+        }
+    }
+}
+
+fn random_bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n.div_ceil(8) * 8);
+    for _ in 0..n.div_ceil(8) {
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// bf16 values uniform in ±scale.
+fn random_bf16(rng: &mut SplitMix64, shape: &[usize], scale: f32) -> Result<HostTensor> {
+    let n: usize = shape.iter().product();
+    let mut bytes = Vec::with_capacity(2 * n);
+    for _ in 0..n {
+        bytes.extend_from_slice(&half::bf16::from_f32(rng.next_signed() * scale).to_le_bytes());
+    }
+    Ok(HostTensor::from_bytes(
+        DType::BF16,
+        shape.to_vec(),
+        Storage::from_vec(bytes),
+    )?)
+}
+
+fn ones(d: usize) -> Result<HostTensor> {
+    Ok(HostTensor::from_f32(DType::BF16, &[d], &vec![1.0; d])?)
+}
+
+/// A module's weight `[rows, cols]`: dense bf16, or MLX affine with random codes and scales
+/// chosen so dequantized values are about ±`scale`.
+fn weight(
+    rng: &mut SplitMix64,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    quant: Option<QuantParams>,
+    scale: f32,
+    out: &mut Vec<(String, HostTensor)>,
+    modules: &mut HashMap<String, QuantParams>,
+) -> Result<()> {
+    let Some(q) = quant else {
+        out.push((format!("{name}.weight"), random_bf16(rng, &[rows, cols], scale)?));
+        return Ok(());
+    };
+    let words = cols * q.bits as usize / 32;
+    let packed = HostTensor::from_bytes(
+        DType::U32,
+        vec![rows, words],
+        Storage::from_vec(random_bytes(rng, rows * words * 4)),
+    )?;
+    let groups = [rows, cols / q.group_size];
+    let levels = ((1u32 << q.bits) - 1) as f32;
+    let step = 2.0 * scale / levels;
+    let n = groups[0] * groups[1];
+    out.push((format!("{name}.weight"), packed));
+    out.push((
+        format!("{name}.scales"),
+        HostTensor::from_f32(DType::BF16, &groups, &vec![step; n])?,
+    ));
+    out.push((
+        format!("{name}.biases"),
+        HostTensor::from_f32(DType::BF16, &groups, &vec![-scale; n])?,
+    ));
+    modules.insert(name.to_string(), q);
+    Ok(())
+}
+
+/// The preset's config and random tensors under checkpoint names.
+pub fn tensors(p: &Preset, seed: u64) -> Result<(Value, Vec<(String, HostTensor)>, HashMap<String, QuantParams>)> {
+    let c = (p.config)();
+    let get = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
+    let (d, layers, ff, heads, kv, vocab) = (
+        get("hidden_size"),
+        get("num_hidden_layers"),
+        get("intermediate_size"),
+        get("num_attention_heads"),
+        get("num_key_value_heads"),
+        get("vocab_size"),
+    );
+    let hd = d / heads;
+    let bias = c["model_type"] == "qwen2";
+    let mut rng = SplitMix64(seed);
+    let (mut t, mut modules) = (Vec::new(), HashMap::new());
+    let s = 1.0 / (d as f32).sqrt();
+    weight(
+        &mut rng,
+        "model.embed_tokens",
+        vocab,
+        d,
+        p.quant,
+        1.0,
+        &mut t,
+        &mut modules,
+    )?;
+    for i in 0..layers {
+        let l = format!("model.layers.{i}");
+        t.push((format!("{l}.input_layernorm.weight"), ones(d)?));
+        t.push((format!("{l}.post_attention_layernorm.weight"), ones(d)?));
+        for (proj, rows) in [("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)] {
+            weight(
+                &mut rng,
+                &format!("{l}.self_attn.{proj}"),
+                rows,
+                d,
+                p.quant,
+                s,
+                &mut t,
+                &mut modules,
+            )?;
+            if bias {
+                t.push((
+                    format!("{l}.self_attn.{proj}.bias"),
+                    random_bf16(&mut rng, &[rows], 0.1)?,
+                ));
+            }
+        }
+        weight(
+            &mut rng,
+            &format!("{l}.self_attn.o_proj"),
+            d,
+            heads * hd,
+            p.quant,
+            s,
+            &mut t,
+            &mut modules,
+        )?;
+        weight(
+            &mut rng,
+            &format!("{l}.mlp.gate_proj"),
+            ff,
+            d,
+            p.quant,
+            s,
+            &mut t,
+            &mut modules,
+        )?;
+        weight(
+            &mut rng,
+            &format!("{l}.mlp.up_proj"),
+            ff,
+            d,
+            p.quant,
+            s,
+            &mut t,
+            &mut modules,
+        )?;
+        let s_ff = 1.0 / (ff as f32).sqrt();
+        weight(
+            &mut rng,
+            &format!("{l}.mlp.down_proj"),
+            d,
+            ff,
+            p.quant,
+            s_ff,
+            &mut t,
+            &mut modules,
+        )?;
+    }
+    t.push(("model.norm.weight".into(), ones(d)?));
+    if !c["tie_word_embeddings"].as_bool().unwrap_or(false) {
+        weight(&mut rng, "lm_head", vocab, d, p.quant, s, &mut t, &mut modules)?;
+    }
+    Ok((c, t, modules))
+}
+
+/// The preset as a model, straight from memory.
+pub fn load(p: &Preset, seed: u64) -> Result<crate::Transformer> {
+    let (config, tensors, modules) = tensors(p, seed)?;
+    let spec = crate::spec_for(&config)?;
+    let loader = crate::layers::Loader {
+        checkpoint: crate::checkpoint::Checkpoint::from_tensors(tensors),
+        quant: crate::quant::QuantConfig::from_modules(modules),
+    };
+    crate::Transformer::load(spec, &loader)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_builds_its_shapes() {
+        for p in PRESETS.iter().filter(|p| p.name.starts_with("smollm2")) {
+            let m = load(p, 1).unwrap();
+            assert_eq!(m.spec.layers, 30);
+        }
+        let Err(e) = preset("nope") else {
+            panic!("an unknown preset must fail")
+        };
+        assert!(e.to_string().contains("llama-3.1-8b-4bit"), "{e}");
+    }
+}
