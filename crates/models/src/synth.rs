@@ -113,47 +113,55 @@ fn ones(d: usize) -> Result<HostTensor> {
     Ok(HostTensor::from_f32(DType::BF16, &[d], &vec![1.0; d])?)
 }
 
-/// A module's weight `[rows, cols]`: dense bf16, or MLX affine with random codes and scales
-/// chosen so dequantized values are about ±`scale`.
-fn weight(
-    rng: &mut SplitMix64,
-    name: &str,
-    rows: usize,
-    cols: usize,
+/// Random tensors under checkpoint names, with the quantized modules listed.
+pub struct SynthModel {
+    pub config: Value,
+    pub tensors: Vec<(String, HostTensor)>,
+    pub modules: HashMap<String, QuantParams>,
+}
+
+struct Builder {
+    rng: SplitMix64,
     quant: Option<QuantParams>,
-    scale: f32,
-    out: &mut Vec<(String, HostTensor)>,
-    modules: &mut HashMap<String, QuantParams>,
-) -> Result<()> {
-    let Some(q) = quant else {
-        out.push((format!("{name}.weight"), random_bf16(rng, &[rows, cols], scale)?));
-        return Ok(());
-    };
-    let words = cols * q.bits as usize / 32;
-    let packed = HostTensor::from_bytes(
-        DType::U32,
-        vec![rows, words],
-        Storage::from_vec(random_bytes(rng, rows * words * 4)),
-    )?;
-    let groups = [rows, cols / q.group_size];
-    let levels = ((1u32 << q.bits) - 1) as f32;
-    let step = 2.0 * scale / levels;
-    let n = groups[0] * groups[1];
-    out.push((format!("{name}.weight"), packed));
-    out.push((
-        format!("{name}.scales"),
-        HostTensor::from_f32(DType::BF16, &groups, &vec![step; n])?,
-    ));
-    out.push((
-        format!("{name}.biases"),
-        HostTensor::from_f32(DType::BF16, &groups, &vec![-scale; n])?,
-    ));
-    modules.insert(name.to_string(), q);
-    Ok(())
+    out: SynthModel,
+}
+
+impl Builder {
+    /// A module's weight `[rows, cols]`: dense bf16, or MLX affine with random codes and
+    /// scales chosen so dequantized values are about ±`scale`.
+    fn weight(&mut self, name: &str, rows: usize, cols: usize, scale: f32) -> Result<()> {
+        let Some(q) = self.quant else {
+            let w = random_bf16(&mut self.rng, &[rows, cols], scale)?;
+            self.out.tensors.push((format!("{name}.weight"), w));
+            return Ok(());
+        };
+        let words = cols * q.bits as usize / 32;
+        let codes = Storage::from_vec(random_bytes(&mut self.rng, rows * words * 4));
+        let packed = HostTensor::from_bytes(DType::U32, vec![rows, words], codes)?;
+        let groups = [rows, cols / q.group_size];
+        let step = 2.0 * scale / ((1u32 << q.bits) - 1) as f32;
+        let n = groups[0] * groups[1];
+        let t = &mut self.out.tensors;
+        t.push((format!("{name}.weight"), packed));
+        t.push((
+            format!("{name}.scales"),
+            HostTensor::from_f32(DType::BF16, &groups, &vec![step; n])?,
+        ));
+        t.push((
+            format!("{name}.biases"),
+            HostTensor::from_f32(DType::BF16, &groups, &vec![-scale; n])?,
+        ));
+        self.out.modules.insert(name.to_string(), q);
+        Ok(())
+    }
+
+    fn push(&mut self, name: String, t: HostTensor) {
+        self.out.tensors.push((name, t));
+    }
 }
 
 /// The preset's config and random tensors under checkpoint names.
-pub fn tensors(p: &Preset, seed: u64) -> Result<(Value, Vec<(String, HostTensor)>, HashMap<String, QuantParams>)> {
+pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
     let c = (p.config)();
     let get = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
     let (d, layers, ff, heads, kv, vocab) = (
@@ -166,97 +174,49 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<(Value, Vec<(String, HostTensor)
     );
     let hd = d / heads;
     let bias = c["model_type"] == "qwen2";
-    let mut rng = SplitMix64(seed);
-    let (mut t, mut modules) = (Vec::new(), HashMap::new());
+    let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false);
+    let out = SynthModel {
+        config: c,
+        tensors: Vec::new(),
+        modules: HashMap::new(),
+    };
+    let mut b = Builder {
+        rng: SplitMix64(seed),
+        quant: p.quant,
+        out,
+    };
     let s = 1.0 / (d as f32).sqrt();
-    weight(
-        &mut rng,
-        "model.embed_tokens",
-        vocab,
-        d,
-        p.quant,
-        1.0,
-        &mut t,
-        &mut modules,
-    )?;
+    b.weight("model.embed_tokens", vocab, d, 1.0)?;
     for i in 0..layers {
         let l = format!("model.layers.{i}");
-        t.push((format!("{l}.input_layernorm.weight"), ones(d)?));
-        t.push((format!("{l}.post_attention_layernorm.weight"), ones(d)?));
+        b.push(format!("{l}.input_layernorm.weight"), ones(d)?);
+        b.push(format!("{l}.post_attention_layernorm.weight"), ones(d)?);
         for (proj, rows) in [("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)] {
-            weight(
-                &mut rng,
-                &format!("{l}.self_attn.{proj}"),
-                rows,
-                d,
-                p.quant,
-                s,
-                &mut t,
-                &mut modules,
-            )?;
+            b.weight(&format!("{l}.self_attn.{proj}"), rows, d, s)?;
             if bias {
-                t.push((
-                    format!("{l}.self_attn.{proj}.bias"),
-                    random_bf16(&mut rng, &[rows], 0.1)?,
-                ));
+                let bias = random_bf16(&mut b.rng, &[rows], 0.1)?;
+                b.push(format!("{l}.self_attn.{proj}.bias"), bias);
             }
         }
-        weight(
-            &mut rng,
-            &format!("{l}.self_attn.o_proj"),
-            d,
-            heads * hd,
-            p.quant,
-            s,
-            &mut t,
-            &mut modules,
-        )?;
-        weight(
-            &mut rng,
-            &format!("{l}.mlp.gate_proj"),
-            ff,
-            d,
-            p.quant,
-            s,
-            &mut t,
-            &mut modules,
-        )?;
-        weight(
-            &mut rng,
-            &format!("{l}.mlp.up_proj"),
-            ff,
-            d,
-            p.quant,
-            s,
-            &mut t,
-            &mut modules,
-        )?;
-        let s_ff = 1.0 / (ff as f32).sqrt();
-        weight(
-            &mut rng,
-            &format!("{l}.mlp.down_proj"),
-            d,
-            ff,
-            p.quant,
-            s_ff,
-            &mut t,
-            &mut modules,
-        )?;
+        b.weight(&format!("{l}.self_attn.o_proj"), d, heads * hd, s)?;
+        b.weight(&format!("{l}.mlp.gate_proj"), ff, d, s)?;
+        b.weight(&format!("{l}.mlp.up_proj"), ff, d, s)?;
+        b.weight(&format!("{l}.mlp.down_proj"), d, ff, 1.0 / (ff as f32).sqrt())?;
     }
-    t.push(("model.norm.weight".into(), ones(d)?));
-    if !c["tie_word_embeddings"].as_bool().unwrap_or(false) {
-        weight(&mut rng, "lm_head", vocab, d, p.quant, s, &mut t, &mut modules)?;
+    b.push("model.norm.weight".into(), ones(d)?);
+    if !tied {
+        b.weight("lm_head", vocab, d, s)?;
     }
-    Ok((c, t, modules))
+    Ok(b.out)
 }
 
 /// The preset as a model, straight from memory.
 pub fn load(p: &Preset, seed: u64) -> Result<crate::Transformer> {
-    let (config, tensors, modules) = tensors(p, seed)?;
-    let spec = crate::spec_for(&config)?;
+    let m = tensors(p, seed)?;
+    let spec = crate::spec_for(&m.config)?;
     let loader = crate::layers::Loader {
-        checkpoint: crate::checkpoint::Checkpoint::from_tensors(tensors),
-        quant: crate::quant::QuantConfig::from_modules(modules),
+        checkpoint: crate::checkpoint::Checkpoint::from_tensors(m.tensors),
+        quant: crate::quant::QuantConfig::from_modules(m.modules),
     };
     crate::Transformer::load(spec, &loader)
 }
