@@ -357,3 +357,26 @@ fn missing_and_misshapen_tensors_are_named() {
     );
     std::fs::remove_dir_all(&d).ok();
 }
+
+#[test]
+fn bench_reports_speed_on_a_random_weight_preset() {
+    let j = json_out(&mlxcel(&[
+        "bench",
+        "--preset",
+        "smollm2-135m-4bit",
+        "--prompt",
+        "8",
+        "-n",
+        "4",
+        "--runs",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(j["device"], "cpu");
+    assert_eq!(j["prompt"], 8);
+    assert!(j["decode_tps_median"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(j["decode_tps"].as_array().unwrap().len(), 1);
+    fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
+    fails_with(&["bench"], "--preset NAME or --model PATH");
+    fails_with(&["bench", "--preset", "smollm2-135m-4bit", "-m", "x"], "not both");
+}
