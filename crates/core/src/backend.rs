@@ -75,3 +75,83 @@ pub fn check_inputs(graph: &Graph, inputs: &[HostTensor]) -> Result<()> {
     }
     Ok(())
 }
+
+/// A session's persistent states (KV caches) by name, with whatever buffer type `B` the
+/// backend keeps them in. Graphs loaded into one session share a state by naming it.
+pub struct StateTable<B> {
+    entries: Vec<StateEntry<B>>,
+}
+
+pub struct StateEntry<B> {
+    pub name: String,
+    pub dtype: crate::DType,
+    pub shape: Vec<usize>,
+    pub buf: B,
+}
+
+impl<B> Default for StateTable<B> {
+    fn default() -> Self {
+        StateTable { entries: Vec::new() }
+    }
+}
+
+impl<B> StateTable<B> {
+    /// The index of `node`'s state, made with `alloc(bytes)` if no graph declared it yet; a
+    /// state declared again must have the same dtype and shape.
+    pub fn declare(&mut self, node: &Node, alloc: impl FnOnce(usize) -> Result<B>) -> Result<usize> {
+        let crate::Op::State { name } = &node.op else {
+            return Err(Error::Invalid(format!("{} is not a state node", node.op.name())));
+        };
+        if let Some(i) = self.entries.iter().position(|s| &s.name == name) {
+            let s = &self.entries[i];
+            if s.dtype != node.dtype || s.shape != node.shape {
+                return Err(Error::Invalid(format!(
+                    "state {name} is {} {:?} in this session, the graph wants {} {:?}",
+                    s.dtype, s.shape, node.dtype, node.shape
+                )));
+            }
+            return Ok(i);
+        }
+        let bytes = node.shape.iter().product::<usize>() * node.dtype.size();
+        let buf = alloc(bytes)?;
+        self.entries.push(StateEntry {
+            name: name.clone(),
+            dtype: node.dtype,
+            shape: node.shape.clone(),
+            buf,
+        });
+        Ok(self.entries.len() - 1)
+    }
+
+    pub fn index(&self, name: &str) -> Result<usize> {
+        self.entries
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| Error::Invalid(format!("no state named {name} in this session")))
+    }
+
+    /// The state `name`, checked to fit `value` (for `write_state`).
+    pub fn for_write(&mut self, name: &str, value: &HostTensor) -> Result<&mut StateEntry<B>> {
+        let i = self.index(name)?;
+        let s = &mut self.entries[i];
+        if s.dtype != value.dtype || s.shape != value.shape {
+            return Err(Error::Invalid(format!(
+                "state {name} is {} {:?}, got {} {:?}",
+                s.dtype, s.shape, value.dtype, value.shape
+            )));
+        }
+        Ok(s)
+    }
+
+    pub fn get(&self, i: usize) -> &StateEntry<B> {
+        &self.entries[i]
+    }
+
+    pub fn get_mut(&mut self, i: usize) -> &mut StateEntry<B> {
+        &mut self.entries[i]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &StateEntry<B>> {
+        self.entries.iter()
+    }
+}

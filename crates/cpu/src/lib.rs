@@ -6,8 +6,8 @@ mod buffer;
 mod exec;
 mod kernels;
 
-use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport};
-use mlxcel_core::{Backend, DType, Error, Graph, HostTensor, Node, NodeName, Op, Result, Session};
+use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport, StateTable};
+use mlxcel_core::{Backend, Error, Graph, HostTensor, Node, NodeName, Op, Result, Session};
 
 use buffer::AlignedBuf;
 use mlxcel_core::plan::{self, Loc, Plan};
@@ -28,12 +28,7 @@ impl Backend for CpuBackend {
     }
 }
 
-struct StateBuf {
-    name: String,
-    dtype: DType,
-    shape: Vec<usize>,
-    buf: AlignedBuf,
-}
+type States = StateTable<AlignedBuf>;
 
 /// A parameter or constant: read in place when its bytes are aligned, else copied once.
 enum Leaf {
@@ -68,54 +63,23 @@ struct Loaded {
 
 #[derive(Default)]
 pub struct CpuSession {
-    states: Vec<StateBuf>,
+    states: States,
     graphs: Vec<Loaded>,
 }
 
 impl CpuSession {
-    fn state_for(&mut self, node: &Node) -> Result<usize> {
-        let Op::State { name } = &node.op else {
-            unreachable!("called on state nodes")
-        };
-        if let Some(i) = self.states.iter().position(|s| &s.name == name) {
-            let s = &self.states[i];
-            if s.dtype != node.dtype || s.shape != node.shape {
-                return Err(Error::Invalid(format!(
-                    "state {name} is {} {:?} in this session, the graph wants {} {:?}",
-                    s.dtype, s.shape, node.dtype, node.shape
-                )));
-            }
-            return Ok(i);
-        }
-        let bytes = node.shape.iter().product::<usize>() * node.dtype.size();
-        self.states.push(StateBuf {
-            name: name.clone(),
-            dtype: node.dtype,
-            shape: node.shape.clone(),
-            buf: AlignedBuf::zeroed(bytes),
-        });
-        Ok(self.states.len() - 1)
-    }
-
     fn loaded(&self, id: GraphId) -> Result<&Loaded> {
         self.graphs
             .get(id.0)
             .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))
     }
-
-    fn state_index(&self, name: &str) -> Result<usize> {
-        self.states
-            .iter()
-            .position(|s| s.name == name)
-            .ok_or_else(|| Error::Invalid(format!("no state named {name} in this session")))
-    }
 }
 
-fn read_loc<'a>(loc: Loc, leaves: &'a [Leaf], slots: &'a [AlignedBuf], states: &'a [StateBuf]) -> &'a [u8] {
+fn read_loc<'a>(loc: Loc, leaves: &'a [Leaf], slots: &'a [AlignedBuf], states: &'a States) -> &'a [u8] {
     match loc {
         Loc::Leaf(i) => leaves[i].bytes(),
         Loc::Slot(i) => slots[i].bytes(),
-        Loc::State(i) => states[i].buf.bytes(),
+        Loc::State(i) => states.get(i).buf.bytes(),
     }
 }
 
@@ -136,7 +100,7 @@ impl Session for CpuSession {
         let mut leaves = Vec::new();
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
-                Op::State { .. } => state_of[i] = self.state_for(node)?,
+                Op::State { .. } => state_of[i] = self.states.declare(node, |bytes| Ok(AlignedBuf::zeroed(bytes)))?,
                 Op::Parameter { data, .. } | Op::Constant { data } => {
                     leaf_of[i] = leaves.len();
                     leaves.push(Leaf::new(data));
@@ -186,7 +150,7 @@ impl Session for CpuSession {
             // Take the output buffer out so inputs can be borrowed beside it.
             let mut out = match loc {
                 Loc::Slot(s) => std::mem::take(&mut g.slots[s]),
-                Loc::State(s) => std::mem::take(&mut states[s].buf),
+                Loc::State(s) => std::mem::take(&mut states.get_mut(s).buf),
                 Loc::Leaf(_) => unreachable!("only leaves live in leaf locations"),
             };
             let result = {
@@ -208,7 +172,7 @@ impl Session for CpuSession {
             };
             match loc {
                 Loc::Slot(s) => g.slots[s] = out,
-                Loc::State(s) => states[s].buf = out,
+                Loc::State(s) => states.get_mut(s).buf = out,
                 Loc::Leaf(_) => unreachable!(),
             }
             result.map_err(|e| match e {
@@ -237,7 +201,7 @@ impl Session for CpuSession {
     }
 
     fn read_state(&self, name: &str) -> Result<HostTensor> {
-        let s = &self.states[self.state_index(name)?];
+        let s = self.states.get(self.states.index(name)?);
         HostTensor::from_bytes(
             s.dtype,
             s.shape.clone(),
@@ -246,15 +210,11 @@ impl Session for CpuSession {
     }
 
     fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()> {
-        let i = self.state_index(name)?;
-        let s = &mut self.states[i];
-        if s.dtype != value.dtype || s.shape != value.shape {
-            return Err(Error::Invalid(format!(
-                "state {name} is {} {:?}, got {} {:?}",
-                s.dtype, s.shape, value.dtype, value.shape
-            )));
-        }
-        s.buf.bytes_mut().copy_from_slice(value.bytes());
+        self.states
+            .for_write(name, value)?
+            .buf
+            .bytes_mut()
+            .copy_from_slice(value.bytes());
         Ok(())
     }
 
@@ -273,7 +233,7 @@ impl Session for CpuSession {
 }
 
 /// A host copy of node `i`'s current value.
-fn snapshot(g: &Loaded, states: &[StateBuf], i: usize) -> HostTensor {
+fn snapshot(g: &Loaded, states: &States, i: usize) -> HostTensor {
     let node = &g.graph.nodes[i];
     let bytes = read_loc(g.plan.locs[i], &g.leaves, &g.slots, states)[..value_bytes(node)].to_vec();
     HostTensor::from_bytes(

@@ -3,8 +3,11 @@
 //! per-token NLL, greedy tokens up to the first near-tie, cached decode against the full
 //! forward, and prefill chunking.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::{floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
 use serde_json::Value;
@@ -21,13 +24,6 @@ const CASES: &[(&str, f64)] = &[
 /// Greedy steps whose reference top1−top2 margin is below this may legitimately differ.
 const NEAR_TIE: f64 = 0.05;
 
-fn root() -> PathBuf {
-    match std::env::var_os("MLXCEL_TEST_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    }
-}
-
 fn fixture(case: &str) -> (PathBuf, Value) {
     let dir = root().join("tests/fixtures/parity").join(case);
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
@@ -39,18 +35,6 @@ fn fixture(case: &str) -> (PathBuf, Value) {
     (dir, reference)
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
-}
-
 fn engine(dir: &std::path::Path) -> Engine {
     let model = mlxcel_models::load(dir).unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()));
     Engine::new(model, Box::new(mlxcel_cpu::CpuBackend), DType::F32, None).unwrap()
@@ -58,7 +42,7 @@ fn engine(dir: &std::path::Path) -> Engine {
 
 /// Greedy tokens must agree up to (not including) the first near-tie step of the reference.
 fn check_greedy(case: &str, got: &[u32], want: &[u32], margins: &[f64]) {
-    let trusted = margins.iter().position(|&m| m < NEAR_TIE).unwrap_or(want.len());
+    let trusted = trusted_steps(margins, NEAR_TIE).min(want.len());
     assert!(
         trusted > 0 || want.is_empty(),
         "{case}: the first reference step is already a near-tie"

@@ -1,26 +1,12 @@
 //! The mlx-lm parity checks of parity.rs on the CUDA backend (f32 activations). Skipped with a
 //! notice without a GPU, unless MLXCEL_REQUIRE_CUDA=1.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    match std::env::var_os("MLXCEL_TEST_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 #[test]
 fn cuda_matches_mlx_lm_on_the_parity_fixtures() {
@@ -44,23 +30,13 @@ fn cuda_matches_mlx_lm_on_the_parity_fixtures() {
         let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         let backend = Box::new(mlxcel_cuda::CudaBackend::new().unwrap());
         let mut e = Engine::new(mlxcel_models::load(&dir).unwrap(), backend, DType::F32, None).unwrap();
-        let want: Vec<f64> = r["nll"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let want = floats(&r["nll"]);
         let got = e.perplexity(&ids(&r["prompt_tokens"]), 512).unwrap();
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(worst <= tol, "{case}: max |nll - mlx-lm| on CUDA = {worst}");
         let greedy = ids(&r["greedy_tokens"]);
-        let margins: Vec<f64> = r["greedy_margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        let trusted = margins.iter().position(|&m| m < 0.05).unwrap_or(greedy.len());
+        let margins = floats(&r["greedy_margins"]);
+        let trusted = trusted_steps(&margins, 0.05).min(greedy.len());
         let opts = GenerateOptions {
             max_tokens: trusted,
             sampler: SamplerSettings::default(),

@@ -4,8 +4,11 @@
 //! downloaded is skipped with a notice, unless MLXCEL_REQUIRE_MODELS lists it (CI sets it for
 //! smollm2), in which case the test fails.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::{floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::chat::ChatMessage;
 use mlxcel_engine::{gguf_tokenizer, Engine, GenerateOptions, SamplerSettings};
@@ -13,13 +16,6 @@ use mlxcel_models::gguf::GgufFile;
 use serde_json::Value;
 
 const NEAR_TIE: f64 = 0.05;
-
-fn root() -> PathBuf {
-    match std::env::var_os("MLXCEL_TEST_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    }
-}
 
 /// The model file and its reference, or None (skipped) when it is not downloaded.
 fn model(name: &str, file: &str) -> Option<(PathBuf, Value)> {
@@ -42,18 +38,6 @@ fn model(name: &str, file: &str) -> Option<(PathBuf, Value)> {
     let reference: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(reference["format"], "mlxcel-real-ref-v1");
     Some((path, reference))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
 
 fn check(name: &str, file: &str) {
@@ -98,7 +82,7 @@ fn check(name: &str, file: &str) {
     let g = &r["greedy"][0];
     let want = ids(&g["tokens"]);
     let margins = floats(&g["margins"]);
-    let trusted = margins.iter().position(|&m| m < NEAR_TIE).unwrap_or(want.len());
+    let trusted = trusted_steps(&margins, NEAR_TIE).min(want.len());
     let opts = GenerateOptions {
         max_tokens: trusted,
         sampler: SamplerSettings::default(),

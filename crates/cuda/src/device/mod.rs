@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
-use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport};
+use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport, StateTable};
 use mlxcel_core::plan::{self, Loc, Plan};
 use mlxcel_core::tensor::Storage;
 use mlxcel_core::{DType, Error, Graph, HostTensor, Node, NodeName, Op, Result, Session};
@@ -200,12 +200,7 @@ fn check_node(graph: &Graph, node: &Node) -> Result<()> {
     }
 }
 
-struct StateBuf {
-    name: String,
-    dtype: DType,
-    shape: Vec<usize>,
-    buf: CudaSlice<u8>,
-}
+type States = StateTable<CudaSlice<u8>>;
 
 struct Loaded {
     graph: Graph,
@@ -220,7 +215,7 @@ struct Loaded {
 
 pub struct CudaSession {
     gpu: Arc<Gpu>,
-    states: Vec<StateBuf>,
+    states: States,
     graphs: Vec<Loaded>,
     /// Weights uploaded once per session, shared by every graph that names the same bytes.
     uploads: Vec<(Storage, CudaSlice<u8>)>,
@@ -233,7 +228,7 @@ impl CudaSession {
         let error = gpu.stream.alloc_zeros::<i32>(1).map_err(driver_err)?;
         Ok(CudaSession {
             gpu,
-            states: Vec::new(),
+            states: States::default(),
             graphs: Vec::new(),
             uploads: Vec::new(),
             error,
@@ -253,37 +248,6 @@ impl CudaSession {
         Ok(p)
     }
 
-    fn state_for(&mut self, node: &Node) -> Result<usize> {
-        let Op::State { name } = &node.op else {
-            unreachable!("called on state nodes")
-        };
-        if let Some(i) = self.states.iter().position(|s| &s.name == name) {
-            let s = &self.states[i];
-            if s.dtype != node.dtype || s.shape != node.shape {
-                return Err(Error::Invalid(format!(
-                    "state {name} is {} {:?} in this session, the graph wants {} {:?}",
-                    s.dtype, s.shape, node.dtype, node.shape
-                )));
-            }
-            return Ok(i);
-        }
-        let buf = self.gpu.alloc(bytes_of(node))?;
-        self.states.push(StateBuf {
-            name: name.clone(),
-            dtype: node.dtype,
-            shape: node.shape.clone(),
-            buf,
-        });
-        Ok(self.states.len() - 1)
-    }
-
-    fn state_index(&self, name: &str) -> Result<usize> {
-        self.states
-            .iter()
-            .position(|s| s.name == name)
-            .ok_or_else(|| Error::Invalid(format!("no state named {name} in this session")))
-    }
-
     fn download(&self, ptr_of: &dyn Fn(usize) -> u64, g: &Loaded, i: usize) -> Result<HostTensor> {
         let node = &g.graph.nodes[i];
         let n = bytes_of(node);
@@ -300,11 +264,11 @@ fn bytes_of(node: &Node) -> usize {
     node.shape.iter().product::<usize>() * node.dtype.size()
 }
 
-fn loc_ptr(gpu: &Gpu, loc: Loc, g: &Loaded, states: &[StateBuf]) -> u64 {
+fn loc_ptr(gpu: &Gpu, loc: Loc, g: &Loaded, states: &States) -> u64 {
     match loc {
         Loc::Slot(s) => gpu.ptr(&g.slots[s]),
         Loc::Leaf(l) => g.leaves[l],
-        Loc::State(s) => gpu.ptr(&states[s].buf),
+        Loc::State(s) => gpu.ptr(&states.get(s).buf),
     }
 }
 
@@ -324,7 +288,10 @@ impl Session for CudaSession {
         let mut scratch = HashMap::new();
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
-                Op::State { .. } => state_of[i] = self.state_for(node)?,
+                Op::State { .. } => {
+                    let gpu = self.gpu.clone();
+                    state_of[i] = self.states.declare(node, |bytes| gpu.alloc(bytes))?
+                }
                 Op::Parameter { data, .. } | Op::Constant { data } => {
                     leaf_of[i] = leaves.len();
                     leaves.push(self.upload(data)?);
@@ -432,21 +399,14 @@ impl Session for CudaSession {
     }
 
     fn read_state(&self, name: &str) -> Result<HostTensor> {
-        let s = &self.states[self.state_index(name)?];
+        let s = self.states.get(self.states.index(name)?);
         let host = self.gpu.stream.clone_dtoh(&s.buf).map_err(driver_err)?;
         let n = s.shape.iter().product::<usize>() * s.dtype.size();
         HostTensor::from_bytes(s.dtype, s.shape.clone(), Storage::from_vec(host[..n].to_vec()))
     }
 
     fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()> {
-        let i = self.state_index(name)?;
-        let s = &mut self.states[i];
-        if s.dtype != value.dtype || s.shape != value.shape {
-            return Err(Error::Invalid(format!(
-                "state {name} is {} {:?}, got {} {:?}",
-                s.dtype, s.shape, value.dtype, value.shape
-            )));
-        }
+        let s = self.states.for_write(name, value)?;
         if !value.bytes().is_empty() {
             let mut view = s.buf.slice_mut(0..value.bytes().len());
             self.gpu

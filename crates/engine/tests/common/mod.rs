@@ -1,0 +1,32 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+/// The repository root: `MLXCEL_TEST_ROOT` on the GPU machine, else found from this crate.
+pub fn root() -> PathBuf {
+    match std::env::var_os("MLXCEL_TEST_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+pub fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// Steps of a reference greedy run to trust: those before the first whose top1−top2 logit
+/// margin is below `near_tie`.
+pub fn trusted_steps(margins: &[f64], near_tie: f64) -> usize {
+    margins.iter().position(|&m| m < near_tie).unwrap_or(margins.len())
+}
