@@ -8,6 +8,7 @@ use mlxcel_cpu::CpuBackend;
 fn every_op_case_matches_the_reference_interpreter() {
     let all = cases::all();
     assert!(all.len() > 100, "only {} op cases", all.len());
+    eprintln!("{} op cases", all.len());
     let failures = check_cases(&CpuBackend, &all, OpCase::expected);
     assert!(
         failures.is_empty(),
