@@ -105,40 +105,58 @@ impl Checkpoint {
             // SAFETY: the map is read-only; mlxcel never writes checkpoint files, and a file changed
             // underneath a running process is outside what any mmap-based loader can guard against.
             let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
-            let storage = Storage::new(Arc::new(map));
-            let bytes = storage.bytes();
-            let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)
-                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
-            let data_start = 8 + header_len;
-            let data_len = bytes.len() - data_start;
-            let file_index = ck.files.len();
-            for (name, info) in meta.tensors() {
-                let dtype = dtype_of(info.dtype, &name, path)?;
-                let (start, end) = info.data_offsets;
-                let elems = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-                let want = elems.and_then(|n| n.checked_mul(dtype.size()));
-                ensure!(
-                    start <= end && end <= data_len && want == Some(end - start),
-                    "{}: tensor {name} claims bytes {start}..{end} for {dtype} {:?}, but the data section holds {data_len} bytes",
-                    path.display(),
-                    info.shape
-                );
-                ensure!(
-                    !ck.tensors.contains_key(&name),
-                    "tensor {name} appears in more than one shard"
-                );
-                let entry = Entry {
-                    file: file_index,
-                    dtype,
-                    shape: info.shape.clone(),
-                    start: data_start + start,
-                    len: end - start,
-                };
-                ck.tensors.insert(name, entry);
-            }
-            ck.files.push((path.clone(), storage));
+            ck.add_file(Storage::new(Arc::new(map)), path)?;
         }
         Ok(ck)
+    }
+
+    /// A checkpoint of one safetensors file held in memory (what the fuzz target feeds).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Checkpoint> {
+        let mut ck = Checkpoint {
+            files: Vec::new(),
+            tensors: HashMap::new(),
+        };
+        ck.add_file(Storage::from_vec(bytes), Path::new("<memory>"))?;
+        Ok(ck)
+    }
+
+    /// Reads one file's header and checks every tensor's byte range against its data section.
+    fn add_file(&mut self, storage: Storage, path: &Path) -> Result<()> {
+        let bytes = storage.bytes();
+        let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
+        let data_start = 8 + header_len;
+        let data_len = bytes
+            .len()
+            .checked_sub(data_start)
+            .with_context(|| format!("{}: the header runs past the end of the file", path.display()))?;
+        let file_index = self.files.len();
+        for (name, info) in meta.tensors() {
+            let dtype = dtype_of(info.dtype, &name, path)?;
+            let (start, end) = info.data_offsets;
+            let elems = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let want = elems.and_then(|n| n.checked_mul(dtype.size()));
+            ensure!(
+                start <= end && end <= data_len && want == Some(end - start),
+                "{}: tensor {name} claims bytes {start}..{end} for {dtype} {:?}, but the data section holds {data_len} bytes",
+                path.display(),
+                info.shape
+            );
+            ensure!(
+                !self.tensors.contains_key(&name),
+                "tensor {name} appears in more than one shard"
+            );
+            let entry = Entry {
+                file: file_index,
+                dtype,
+                shape: info.shape.clone(),
+                start: data_start + start,
+                len: end - start,
+            };
+            self.tensors.insert(name, entry);
+        }
+        self.files.push((path.to_path_buf(), storage));
+        Ok(())
     }
 
     /// Reads every page of the mapped files once, so the first step does not pay for disk
