@@ -31,11 +31,12 @@ fn root(graph: &Graph, roots: &[usize], i: usize) -> usize {
     }
 }
 
-/// `state_index(i)` maps a state node to the session's state number; `leaf_index(i)` a
+/// With `keep_named`, named values live to the end of the run (for dumps). `state_index(i)`
+/// maps a state node to the session's state number; `leaf_index(i)` a
 /// parameter or constant node to its leaf number.
 pub fn plan(
     graph: &Graph,
-    keep: &[bool],
+    keep_named: bool,
     state_index: impl Fn(usize) -> usize,
     leaf_index: impl Fn(usize) -> usize,
 ) -> Plan {
@@ -50,7 +51,9 @@ pub fn plan(
     let mut end = vec![0usize; n];
     for i in 0..n {
         let r = roots[i];
-        let until = if keep[i] { usize::MAX } else { last_use[i] };
+        // Named values stay readable after the run when the caller asks for them.
+        let keep = keep_named && graph.nodes[i].name.is_some();
+        let until = if keep { usize::MAX } else { last_use[i] };
         end[r] = end[r].max(until);
     }
     let mut locs = vec![Loc::Slot(usize::MAX); n];
@@ -117,7 +120,7 @@ mod tests {
             x = b.exp(x).unwrap();
         }
         let g = b.finish(&[x]);
-        let p = plan(&g, &vec![false; g.nodes.len()], |_| 0, |_| 0);
+        let p = plan(&g, false, |_| 0, |_| 0);
         assert_eq!(p.slot_bytes.len(), 2, "{p:?}");
         for (i, node) in g.nodes.iter().enumerate().skip(1) {
             assert_ne!(
@@ -138,7 +141,7 @@ mod tests {
         let z = b.reshape(z, &[16]).unwrap();
         let out = b.add(z, r).unwrap();
         let g = b.finish(&[out]);
-        let p = plan(&g, &vec![false; g.nodes.len()], |_| 0, |_| 0);
+        let p = plan(&g, false, |_| 0, |_| 0);
         assert_eq!(p.locs[r.index()], p.locs[y.index()]);
         assert_ne!(p.locs[z.index()], p.locs[y.index()]);
     }

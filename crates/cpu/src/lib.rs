@@ -108,12 +108,7 @@ impl Session for CpuSession {
                 _ => {}
             }
         }
-        let keep: Vec<bool> = graph
-            .nodes
-            .iter()
-            .map(|n| options.keep_named && n.name.is_some())
-            .collect();
-        let plan = plan::plan(graph, &keep, |i| state_of[i], |i| leaf_of[i]);
+        let plan = plan::plan(graph, options.keep_named, |i| state_of[i], |i| leaf_of[i]);
         let slots = plan.slot_bytes.iter().map(|&b| AlignedBuf::zeroed(b)).collect();
         self.graphs.push(Loaded {
             graph: graph.clone(),

@@ -269,23 +269,7 @@ pub fn node(
                 sb[sb.len() - 1]
             };
             let batch: usize = sa[..sa.len() - 2].iter().product();
-            if *transpose_b {
-                let args = [
-                    Ptr(ptr(0)),
-                    I32(fcode(input(0).dtype)?),
-                    Ptr(ptr(1)),
-                    I32(fcode(input(1).dtype)?),
-                    Ptr(out),
-                    I32(fcode(node.dtype)?),
-                    I64(batch as i64),
-                    I64(m as i64),
-                    I64(nn as i64),
-                    I64(k as i64),
-                    I32(i32::from(sb.len() > 2)),
-                ];
-                return gpu.launch("matmul_t_warp", blocks(n * 32), THREADS, 0, &args);
-            }
-            let args = [
+            let mut args = vec![
                 Ptr(ptr(0)),
                 I32(fcode(input(0).dtype)?),
                 Ptr(ptr(1)),
@@ -296,10 +280,17 @@ pub fn node(
                 I64(m as i64),
                 I64(nn as i64),
                 I64(k as i64),
-                I32(i32::from(*transpose_b)),
-                I32(i32::from(sb.len() > 2)),
             ];
-            gpu.launch("matmul", blocks(n), THREADS, 0, &args)
+            // Linear layers (b transposed) take the coalescing warp-per-output kernel, which has
+            // no transpose parameter; the general kernel does.
+            let (name, grid) = if *transpose_b {
+                ("matmul_t_warp", blocks(n * 32))
+            } else {
+                args.push(I32(0));
+                ("matmul", blocks(n))
+            };
+            args.push(I32(i32::from(sb.len() > 2)));
+            gpu.launch(name, grid, THREADS, 0, &args)
         }
         Op::QuantizedMatMul { bits, group_size } => {
             let k = *input(0).shape.last().unwrap();
