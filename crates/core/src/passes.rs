@@ -23,10 +23,32 @@ pub fn default_passes() -> Vec<Pass> {
             run: fold_constant_astype,
         },
         Pass {
+            name: "transpose_as_reshape",
+            run: transpose_as_reshape,
+        },
+        Pass {
             name: "dead_node_elimination",
             run: dead_node_elimination,
         },
     ]
+}
+
+/// A transpose that only moves axes of length 1 keeps every element where it was (row-major),
+/// so it becomes a reshape, which backends alias instead of copying. At decode (one position)
+/// that is every `[1, T, H, D] ↔ [1, H, T, D]` swap around attention.
+pub fn transpose_as_reshape(graph: &Graph) -> Result<Graph> {
+    Ok(rewrite(graph, |g, _, node| {
+        if let Op::Transpose { perm } = &node.op {
+            let input = &g.node(node.inputs[0]).shape;
+            let order: Vec<usize> = perm.iter().copied().filter(|&a| input[a] != 1).collect();
+            if order.windows(2).all(|w| w[0] < w[1]) {
+                let mut node = node.clone();
+                node.op = Op::Reshape;
+                return Action::Keep(node);
+            }
+        }
+        Action::Keep(node.clone())
+    }))
 }
 
 pub fn run_passes(graph: &Graph, passes: &[Pass]) -> Result<Graph> {

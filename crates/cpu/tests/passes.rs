@@ -69,3 +69,37 @@ fn folding_casts_of_weights_and_constants_keeps_bits() {
     };
     assert_same_bits(&case);
 }
+
+#[test]
+fn transposes_of_unit_axes_become_reshapes() {
+    let mut b = GraphBuilder::default();
+    let x = b.input("x", DType::F32, &[1, 1, 4, 3]);
+    let moved = b.swap_axes(x, 1, 2).unwrap(); // [1, 4, 1, 3]: same element order
+    let y = b.input("y", DType::F32, &[1, 2, 4, 3]);
+    let real = b.swap_axes(y, 1, 2).unwrap(); // [1, 4, 2, 3]: elements move
+    let g = b.finish(&[moved, real]);
+    let out = run_passes(&g, &default_passes()).unwrap();
+    let names: Vec<&str> = out.outputs.iter().map(|o| out.node(*o).op.name()).collect();
+    assert_eq!(names, ["reshape", "transpose"]);
+    let case = OpCase {
+        name: "unit transpose".into(),
+        graph: g,
+        inputs: vec![
+            HostTensor::from_f32(
+                DType::F32,
+                &[1, 1, 4, 3],
+                &(0..12).map(|i| i as f32).collect::<Vec<_>>(),
+            )
+            .unwrap(),
+            HostTensor::from_f32(
+                DType::F32,
+                &[1, 2, 4, 3],
+                &(0..24).map(|i| i as f32 - 5.0).collect::<Vec<_>>(),
+            )
+            .unwrap(),
+        ],
+        states: vec![],
+        tolerance: vec![mlxcel_core::testing::Tolerance::EXACT; 2],
+    };
+    assert_same_bits(&case);
+}

@@ -106,3 +106,23 @@ extern "C" __global__ void attention(const void* q, int qdt, const void* k, cons
     stf(y, ydt, row * dv + c, acc * inv);
   }
 }
+
+// s = a + b (rounded to sdt, stored: the residual stream) and y = rms_norm(s) in one pass; one
+// block per row of D.
+extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, int sdt, const void* w, int wdt, void* y,
+                                        int ydt, i64 d, float eps, int unit_offset) {
+  const i64 base = (i64)blockIdx.x * d;
+  float ss = 0.0f;
+  for (i64 j = threadIdx.x; j < d; j += blockDim.x) {
+    float v = ldf(a, sdt, base + j) + ldf(b, sdt, base + j);
+    stf(s, sdt, base + j, v);
+    v = ldf(s, sdt, base + j);
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  float inv = rsqrtf(ss / (float)d + eps);
+  for (i64 j = threadIdx.x; j < d; j += blockDim.x) {
+    float g = ldf(w, wdt, j) + (unit_offset ? 1.0f : 0.0f);
+    stf(y, ydt, base + j, ldf(s, sdt, base + j) * inv * g);
+  }
+}

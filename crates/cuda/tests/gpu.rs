@@ -53,3 +53,74 @@ fn op_cases_match_the_cpu_backend() {
     );
     assert!(runnable.len() > 300, "only {} cases ran on CUDA", runnable.len());
 }
+
+/// Seeded values in [-1, 1).
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    mlxcel_core::rng::SplitMix64(seed).signed_vec(n, 1.0)
+}
+
+/// The decode patterns the CUDA backend fuses (gated MLP over quantized and dense weights,
+/// residual add + RMSNorm) and the GEMV kernels, in several dtypes and row counts, against the
+/// CPU backend (which runs the plain ops).
+#[test]
+fn fused_decode_patterns_match_the_cpu_backend() {
+    use mlxcel_core::testing::{OpCase, Tolerance};
+    use mlxcel_core::{DType, GraphBuilder, HostTensor};
+    let cuda = match CudaBackend::new() {
+        Ok(b) => b,
+        Err(e) if !required("MLXCEL_REQUIRE_CUDA") => return eprintln!("skipping CUDA fusion cases: {e}"),
+        Err(e) => panic!("{e}"),
+    };
+    let (k, n) = (256, 96);
+    let mut cases = Vec::new();
+    for (act, wdt) in [
+        (DType::F32, DType::BF16),
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::BF16),
+    ] {
+        for rows in [1, 3] {
+            for bits in [0u32, 4, 8] {
+                let mut b = GraphBuilder::default();
+                let x = b.input("x", act, &[1, rows, k]);
+                let r = b.input("r", act, &[1, rows, k]);
+                let nw = b.parameter("norm", HostTensor::from_f32(wdt, &[k], &noise(9, k)).unwrap());
+                let s = b.add(x, r).unwrap();
+                let h = b.rms_norm(s, nw, 1e-5, false).unwrap();
+                let proj = |b: &mut GraphBuilder, seed: u64| {
+                    let w = noise(seed, n * k);
+                    if bits == 0 {
+                        let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &w).unwrap());
+                        return b.matmul_t(h, w).unwrap();
+                    }
+                    let q = mlxcel_core::quant::quantize(&w, n, k, bits, 64);
+                    let groups = k / 64;
+                    let packed = b.parameter(
+                        "q",
+                        HostTensor::from_slice(&[n, k * bits as usize / 32], &q.packed).unwrap(),
+                    );
+                    let sc = b.parameter("s", HostTensor::from_f32(wdt, &[n, groups], &q.scales).unwrap());
+                    let bi = b.parameter("z", HostTensor::from_f32(wdt, &[n, groups], &q.biases).unwrap());
+                    b.quantized_matmul(h, packed, sc, bi, bits, 64).unwrap()
+                };
+                let g = proj(&mut b, 1);
+                let g = b.silu(g).unwrap();
+                let u = proj(&mut b, 2);
+                let y = b.mul(g, u).unwrap();
+                let graph = b.finish(&[y, s]);
+                let out_dtype = graph.node(graph.outputs[0]).dtype;
+                cases.push(OpCase {
+                    name: format!("fused glu {act} w{wdt} bits {bits} rows {rows}"),
+                    graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+                    inputs: vec![
+                        HostTensor::from_f32(act, &[1, rows, k], &noise(3, rows * k)).unwrap(),
+                        HostTensor::from_f32(act, &[1, rows, k], &noise(4, rows * k)).unwrap(),
+                    ],
+                    states: vec![],
+                    tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0), Tolerance::for_dtype(act)],
+                });
+            }
+        }
+    }
+    let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -108,6 +108,34 @@ fn compare_code(c: CompareOp) -> i32 {
     }
 }
 
+/// Rows of x the GEMV kernels (gemv.cu) take; more go to the general kernels.
+pub(crate) const GEMV_ROWS: usize = 8;
+
+/// `{family}_{x dtype}_{variant}_{1|8}`: the instantiation in gemv.cu for `rows` rows of x.
+pub(crate) fn gemv_name(family: &str, x: mlxcel_core::DType, variant: &str, rows: usize) -> Result<&'static str> {
+    let name = format!(
+        "{family}_{}_{variant}_{}",
+        fsuffix(x)?,
+        if rows == 1 { 1 } else { GEMV_ROWS }
+    );
+    Ok(intern(name))
+}
+
+/// Kernel names live as long as the process (the kernel table is keyed by `&'static str`).
+fn intern(name: String) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    let mut names = NAMES.lock().expect("kernel name table");
+    let set = names.get_or_insert_with(HashSet::new);
+    if let Some(n) = set.get(name.as_str()) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.into_boxed_str());
+    set.insert(n);
+    n
+}
+
 /// Launches node `i`. `ptr(k)` is the device pointer of its k-th input, `out` of its value.
 #[allow(clippy::too_many_arguments)]
 pub fn node(
@@ -281,6 +309,20 @@ pub fn node(
                 I64(nn as i64),
                 I64(k as i64),
             ];
+            let rows = batch * m;
+            if *transpose_b && sb.len() == 2 && rows <= GEMV_ROWS && k % 8 == 0 && input(1).dtype.size() == 2 {
+                let name = gemv_name("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows)?;
+                let args = [
+                    Ptr(ptr(0)),
+                    I32(rows as i32),
+                    Ptr(ptr(1)),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                    I64(nn as i64),
+                    I64(k as i64),
+                ];
+                return gpu.launch(name, nn.div_ceil(4) as u32, 128, 0, &args);
+            }
             // Linear layers (b transposed) take the coalescing warp-per-output kernel, which has
             // no transpose parameter; the general kernel does.
             let (name, grid) = if *transpose_b {
@@ -311,6 +353,23 @@ pub fn node(
                 I32(*bits as i32),
                 I32(*group_size as i32),
             ];
+            if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
+                let name = gemv_name("qgemv", input(0).dtype, if *bits == 4 { "4" } else { "8" }, m)?;
+                let args = [
+                    Ptr(ptr(0)),
+                    I32(m as i32),
+                    Ptr(ptr(1)),
+                    Ptr(ptr(2)),
+                    Ptr(ptr(3)),
+                    I32(fcode(input(2).dtype)?),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                    I64(nn as i64),
+                    I64(k as i64),
+                    I32(*group_size as i32),
+                ];
+                return gpu.launch(name, nn.div_ceil(4) as u32, 128, 0, &args);
+            }
             gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
         }
         Op::GatherQuantizedMatMul { bits, group_size } => {
@@ -613,4 +672,83 @@ fn copy(gpu: &Gpu, src: u64, dst: u64, size: usize, v: View8, n: usize) -> Resul
             Arg::I64(n as i64),
         ],
     )
+}
+
+/// Launches the fused kernel anchored at node `i`; `at(j)` is the device pointer of node `j`.
+pub(crate) fn fused(
+    gpu: &Gpu,
+    graph: &Graph,
+    i: usize,
+    f: &super::fuse::Fused,
+    at: &dyn Fn(usize) -> u64,
+) -> Result<()> {
+    use super::fuse::Fused;
+    use Arg::{Ptr, F32, I32, I64};
+    let node = &graph.nodes[i];
+    let input = |j: usize, k: usize| graph.nodes[j].inputs[k].index();
+    match f {
+        Fused::Glu { x, g, u, silu } => {
+            let ng = &graph.nodes[*g];
+            let xs = &graph.node(*x).shape;
+            let k = *xs.last().unwrap();
+            let rows = xs.iter().product::<usize>() / k;
+            let n = *node.shape.last().unwrap();
+            let codes = [
+                I32(fcode(node.dtype)?),
+                I32(fcode(ng.dtype)?),
+                I32(fcode(graph.nodes[*silu].dtype)?),
+            ];
+            let xdt = graph.node(*x).dtype;
+            match ng.op {
+                Op::QuantizedMatMul { bits, group_size } => {
+                    let name = gemv_name("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows)?;
+                    let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
+                    for j in [*g, *u] {
+                        args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
+                    }
+                    args.push(I32(fcode(graph.node(ng.inputs[2]).dtype)?));
+                    args.push(Ptr(at(i)));
+                    args.extend(codes);
+                    args.extend([I64(n as i64), I64(k as i64), I32(group_size as i32)]);
+                    gpu.launch(name, n.div_ceil(4) as u32, 128, 0, &args)
+                }
+                _ => {
+                    let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
+                    let name = gemv_name("dglu", xdt, w, rows)?;
+                    let mut args = vec![
+                        Ptr(at(x.index())),
+                        I32(rows as i32),
+                        Ptr(at(input(*g, 1))),
+                        Ptr(at(input(*u, 1))),
+                        Ptr(at(i)),
+                    ];
+                    args.extend(codes);
+                    args.extend([I64(n as i64), I64(k as i64)]);
+                    gpu.launch(name, n.div_ceil(4) as u32, 128, 0, &args)
+                }
+            }
+        }
+        Fused::AddRmsNorm { add } => {
+            let Op::RmsNorm { eps, unit_offset } = node.op else {
+                unreachable!("AddRmsNorm anchors on a norm")
+            };
+            let d = *node.shape.last().unwrap();
+            let n: usize = node.shape.iter().product();
+            let sum = &graph.nodes[*add];
+            let args = [
+                Ptr(at(input(*add, 0))),
+                Ptr(at(input(*add, 1))),
+                Ptr(at(*add)),
+                I32(fcode(sum.dtype)?),
+                Ptr(at(input(i, 1))),
+                I32(fcode(graph.node(node.inputs[1]).dtype)?),
+                Ptr(at(i)),
+                I32(fcode(node.dtype)?),
+                I64(d as i64),
+                F32(eps),
+                I32(i32::from(unit_offset)),
+            ];
+            gpu.launch("add_rms_norm", (n / d.max(1)) as u32, THREADS, 0, &args)
+        }
+    }
 }

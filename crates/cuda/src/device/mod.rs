@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use mlxcel_core::backend::{check_inputs, CompileOptions, GraphId, MemoryReport, StateTable};
 use mlxcel_core::plan::{self, Loc, Plan};
@@ -35,6 +36,45 @@ pub fn compile_ptx(arch: &'static str) -> Result<String> {
     Ok(ptx.to_src())
 }
 
+/// The kernels' PTX for `arch`, from the disk cache when the same source was compiled for the
+/// same arch under the same driver before (`MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`,
+/// else `~/.cache/mlxcel`); compiled with NVRTC and stored otherwise. A cache that cannot be
+/// read or written is only slower.
+fn cached_ptx(arch: &'static str) -> Result<String> {
+    let mut driver = 0;
+    // SAFETY: writes one int; the driver library was probed before.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+    let source = crate::kernel_source();
+    let key = format!("ptx-{arch}-{driver}-{:016x}.ptx", fnv1a(source.as_bytes()));
+    let dir = std::env::var_os("MLXCEL_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| std::path::PathBuf::from(d).join("mlxcel")))
+        .or_else(|| std::env::var_os("HOME").map(|d| std::path::PathBuf::from(d).join(".cache/mlxcel")));
+    if let Some(dir) = &dir {
+        if let Ok(ptx) = std::fs::read_to_string(dir.join(&key)) {
+            return Ok(ptx);
+        }
+    }
+    let ptx = compile_ptx(arch)?;
+    if let Some(dir) = &dir {
+        let tmp = dir.join(format!("{key}.{}", std::process::id()));
+        let stored = std::fs::create_dir_all(dir)
+            .and_then(|_| std::fs::write(&tmp, &ptx))
+            .and_then(|_| std::fs::rename(&tmp, dir.join(&key)));
+        if stored.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(ptx)
+}
+
+/// 64-bit FNV-1a: a stable hash of the kernel source for the cache key.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 pub struct Gpu {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
@@ -50,12 +90,13 @@ impl Gpu {
         let ctx = CudaContext::new(0).map_err(|e| Error::Backend(format!("no usable CUDA device: {e:?}")))?;
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
-        let ptx = compile_ptx(arch)?;
+        let ptx = cached_ptx(arch)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
         // One stream, so the automatic cross-stream event tracking has nothing to do.
         // SAFETY: no buffer of this context is used from a second stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
+        let stream = ctx.new_stream().map_err(driver_err)?;
         Ok(Arc::new(Gpu {
             stream,
             module,
@@ -202,12 +243,25 @@ fn check_node(graph: &Graph, node: &Node) -> Result<()> {
 
 type States = StateTable<CudaSlice<u8>>;
 
+/// A captured and instantiated CUDA graph.
+struct Captured(CudaGraph);
+
+// SAFETY: CUDA graph objects may move between threads; they must not be used from two threads at
+// once, and only the owning session touches this one, through `&mut self`.
+unsafe impl Send for Captured {}
+
 struct Loaded {
     graph: Graph,
+    /// Times this graph ran; the second run captures it.
+    runs: usize,
+    /// The captured kernel sequence, replayed by every later run.
+    exec: Option<Captured>,
     plan: Plan,
     /// Device pointer of each leaf (parameter or constant) of this graph.
     leaves: Vec<u64>,
     slots: Vec<CudaSlice<u8>>,
+    /// Patterns run as one fused kernel.
+    fusion: fuse::Fusion,
     /// Per-node scratch (argsort).
     scratch: HashMap<usize, CudaSlice<u8>>,
     keep_named: bool,
@@ -221,12 +275,19 @@ pub struct CudaSession {
     uploads: Vec<(Storage, CudaSlice<u8>)>,
     /// Set by kernels that meet an out-of-range index (to the failing node's index + 1).
     error: CudaSlice<i32>,
+    /// Capture each graph into a CUDA graph on its second run (`MLXCEL_CUDA_GRAPH=0`: never).
+    capture: bool,
+    /// Per-kernel timing with events (`MLXCEL_CUDA_PROFILE=1`); runs stay eager.
+    profile: Option<profile::Profiler>,
 }
 
 impl CudaSession {
     pub fn new(gpu: Arc<Gpu>) -> Result<CudaSession> {
         let error = gpu.stream.alloc_zeros::<i32>(1).map_err(driver_err)?;
+        let profile = profile::Profiler::from_env();
         Ok(CudaSession {
+            capture: std::env::var("MLXCEL_CUDA_GRAPH").map_or(true, |v| v != "0") && profile.is_none(),
+            profile,
             gpu,
             states: States::default(),
             graphs: Vec::new(),
@@ -262,6 +323,44 @@ impl CudaSession {
 
 fn bytes_of(node: &Node) -> usize {
     node.shape.iter().product::<usize>() * node.dtype.size()
+}
+
+/// Queues every kernel of `g` on the stream, timing each with events when profiling.
+fn launch_all(
+    gpu: &Gpu,
+    g: &Loaded,
+    states: &States,
+    error_ptr: u64,
+    mut profile: Option<(&mut profile::Profiler, usize)>,
+) -> Result<()> {
+    for (i, node) in g.graph.nodes.iter().enumerate() {
+        if matches!(
+            node.op,
+            Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape | Op::Input { .. }
+        ) {
+            continue;
+        }
+        if g.fusion.absorbed[i] {
+            continue;
+        }
+        let ptr = |k: usize| loc_ptr(gpu, g.plan.locs[node.inputs[k].index()], g, states);
+        let out = loc_ptr(gpu, g.plan.locs[i], g, states);
+        let scratch = g.scratch.get(&i).map(|s| gpu.ptr(s)).unwrap_or(0);
+        if let Some((p, _)) = profile.as_mut() {
+            p.before(gpu, profile::family(&g.graph, i, g.fusion.anchored[i].as_ref()))?;
+        }
+        match &g.fusion.anchored[i] {
+            Some(f) => launch::fused(gpu, &g.graph, i, f, &|j| loc_ptr(gpu, g.plan.locs[j], g, states))?,
+            None => launch::node(gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1)?,
+        }
+        if let Some((p, _)) = profile.as_mut() {
+            p.after(gpu)?;
+        }
+    }
+    if let Some((p, graph)) = profile {
+        p.finish_run(gpu, graph)?;
+    }
+    Ok(())
 }
 
 fn loc_ptr(gpu: &Gpu, loc: Loc, g: &Loaded, states: &States) -> u64 {
@@ -303,7 +402,14 @@ impl Session for CudaSession {
                 _ => {}
             }
         }
-        let plan = plan::plan(graph, options.keep_named, |i| state_of[i], |i| leaf_of[i]);
+        // Named values are read back one by one, so a graph loaded to keep them runs unfused.
+        let fusion = if options.keep_named {
+            fuse::Fusion::none(graph.nodes.len())
+        } else {
+            fuse::Fusion::find(graph)
+        };
+        let planned = fusion.planning_graph(graph);
+        let plan = plan::plan(&planned, options.keep_named, |i| state_of[i], |i| leaf_of[i]);
         let slots = plan
             .slot_bytes
             .iter()
@@ -315,7 +421,10 @@ impl Session for CudaSession {
             leaves,
             slots,
             scratch,
+            fusion,
             keep_named: options.keep_named,
+            runs: 0,
+            exec: None,
         });
         Ok(GraphId(self.graphs.len() - 1))
     }
@@ -329,29 +438,41 @@ impl Session for CudaSession {
         check_inputs(&g.graph, inputs)?;
         let error_ptr = gpu.ptr_i32(&self.error);
         let mut next_input = 0;
-        for i in 0..g.graph.nodes.len() {
-            let node = &g.graph.nodes[i];
-            match node.op {
-                Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape => continue,
-                Op::Input { .. } => {
-                    let Loc::Slot(s) = g.plan.locs[i] else {
-                        unreachable!("inputs are planned into slots")
-                    };
-                    let bytes = inputs[next_input].bytes();
-                    next_input += 1;
-                    if !bytes.is_empty() {
-                        let mut view = g.slots[s].slice_mut(0..bytes.len());
-                        gpu.stream.memcpy_htod(bytes, &mut view).map_err(driver_err)?;
-                    }
-                    continue;
-                }
-                _ => {}
+        for (i, node) in g.graph.nodes.iter().enumerate() {
+            if !matches!(node.op, Op::Input { .. }) {
+                continue;
             }
-            let ptr = |k: usize| loc_ptr(&gpu, g.plan.locs[node.inputs[k].index()], g, &self.states);
-            let out = loc_ptr(&gpu, g.plan.locs[i], g, &self.states);
-            let scratch = g.scratch.get(&i).map(|s| gpu.ptr(s)).unwrap_or(0);
-            launch::node(&gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1)?;
+            let Loc::Slot(s) = g.plan.locs[i] else {
+                unreachable!("inputs are planned into slots")
+            };
+            let bytes = inputs[next_input].bytes();
+            next_input += 1;
+            if !bytes.is_empty() {
+                let mut view = g.slots[s].slice_mut(0..bytes.len());
+                gpu.stream.memcpy_htod(bytes, &mut view).map_err(driver_err)?;
+            }
         }
+        if g.exec.is_none() && self.capture && g.runs >= 1 {
+            // Capture the kernel sequence once; inputs stay plain copies into fixed buffers.
+            gpu.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(driver_err)?;
+            let launched = launch_all(&gpu, g, &self.states, error_ptr, None);
+            let captured = gpu.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver_err);
+            launched?;
+            g.exec = captured?.map(Captured);
+        }
+        match &g.exec {
+            Some(exec) => exec.0.launch().map_err(driver_err)?,
+            None => launch_all(
+                &gpu,
+                g,
+                &self.states,
+                error_ptr,
+                self.profile.as_mut().map(|p| (p, id.0)),
+            )?,
+        }
+        g.runs += 1;
         gpu.stream.synchronize().map_err(driver_err)?;
         let flag = gpu.stream.clone_dtoh(&self.error).map_err(driver_err)?[0];
         if flag != 0 {
@@ -462,4 +583,14 @@ pub(crate) enum Arg {
     View(Box<launch::View8>),
 }
 
+mod fuse;
 mod launch;
+mod profile;
+
+impl Drop for CudaSession {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
+    }
+}
