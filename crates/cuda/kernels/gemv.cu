@@ -40,190 +40,226 @@ __device__ __forceinline__ float round_to(float v, int dt) {
   return BF16::ld(&h, 0);
 }
 
-// acc[r] += x[r, :] · dequant(w[col, :]) for r < m. BITS 4 or 8, group a multiple of 32.
-template <class X, int BITS, int MR>
-__device__ __forceinline__ void qdot_rows(const typename X::T* __restrict__ x, int m, i64 k,
-                                          const unsigned* __restrict__ w, const void* s, const void* z, int sdt,
-                                          i64 col, int group, float* acc) {
-  constexpr int VALS = 128 / BITS, PER = 32 / BITS;
+// acc[r·R + c] += x[r, :] · dequant(w[col0 + c, :]) for r < m, c < R: each 16-byte chunk of x
+// is loaded once for R weight rows, and 8 weight words are in flight per lane. BITS 4 or 8,
+// group a multiple of 32. Rows past n are clamped to n - 1 (computed, never stored).
+template <class X, int BITS, int MR, int R>
+__device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m, i64 k, const unsigned* __restrict__ w,
+                                     const void* s, const void* z, int sdt, i64 col0, i64 n, int group, float* acc) {
+  constexpr int VALS = 128 / BITS, PER = 32 / BITS, U = 8 / R;
   constexpr unsigned MASK = (1u << BITS) - 1u;
   const int lane = threadIdx.x & 31;
-  const i64 vecs = k / VALS, groups = k / group;
-  const uint4* wr = (const uint4*)(w + col * (k / PER));
-  for (i64 v0 = 0; v0 < vecs; v0 += 128) {
-    uint4 q[4];
-    float sc[4], bi[4];
+  const i64 vecs = k / VALS, groups = k / group, wrow = k / PER;
+  for (i64 v0 = 0; v0 < vecs; v0 += 32 * U) {
+    uint4 q[U][R];
+    float sc[U][R], bi[U][R];
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
+    for (int u = 0; u < U; u++) {
       const i64 v = v0 + u * 32 + lane;
-      if (v < vecs) {
-        q[u] = wr[v];
-        const i64 g = col * groups + v * VALS / group;
-        sc[u] = ldf(s, sdt, g);
-        bi[u] = ldf(z, sdt, g);
+#pragma unroll
+      for (int c = 0; c < R; c++) {
+        const i64 col = col0 + c < n ? col0 + c : n - 1;
+        if (v < vecs) {
+          q[u][c] = ((const uint4*)(w + col * wrow))[v];
+          const i64 g = col * groups + v * VALS / group;
+          sc[u][c] = ldf(s, sdt, g);
+          bi[u][c] = ldf(z, sdt, g);
+        }
       }
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
+    for (int u = 0; u < U; u++) {
       const i64 v = v0 + u * 32 + lane;
       if (v >= vecs) break;
-      const unsigned words[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
 #pragma unroll
       for (int r = 0; r < MR; r++) {
         if (r >= m) break;
         float xv[VALS];
 #pragma unroll
         for (int c = 0; c < VALS / 8; c++) ldx8<X>(x + r * k + v * VALS + 8 * c, xv + 8 * c);
-        float dq = 0.0f, dx = 0.0f;
+        float xs = 0.0f;
 #pragma unroll
-        for (int wi = 0; wi < 4; wi++) {
+        for (int e = 0; e < VALS; e++) xs += xv[e];
 #pragma unroll
-          for (int e = 0; e < PER; e++) {
-            const float xe = xv[wi * PER + e];
-            dq = fmaf(xe, (float)((words[wi] >> (e * BITS)) & MASK), dq);
-            dx += xe;
+        for (int c = 0; c < R; c++) {
+          const unsigned words[4] = {q[u][c].x, q[u][c].y, q[u][c].z, q[u][c].w};
+          float dq = 0.0f;
+#pragma unroll
+          for (int wi = 0; wi < 4; wi++) {
+#pragma unroll
+            for (int e = 0; e < PER; e++) dq = fmaf(xv[wi * PER + e], (float)((words[wi] >> (e * BITS)) & MASK), dq);
           }
+          acc[r * R + c] = fmaf(sc[u][c], dq, fmaf(bi[u][c], xs, acc[r * R + c]));
         }
-        acc[r] = fmaf(sc[u], dq, fmaf(bi[u], dx, acc[r]));
       }
     }
   }
 }
 
-// acc[r] += x[r, :] · w[col, :] for a 16-bit weight type W.
-template <class X, class W, int MR>
-__device__ __forceinline__ void ddot_rows(const typename X::T* __restrict__ x, int m, i64 k,
-                                          const unsigned short* __restrict__ w, i64 col, float* acc) {
+// The same for a 16-bit weight type W.
+template <class X, class W, int MR, int R>
+__device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m, i64 k,
+                                     const unsigned short* __restrict__ w, i64 col0, i64 n, float* acc) {
+  constexpr int U = 8 / R;
   const int lane = threadIdx.x & 31;
   const i64 vecs = k / 8;
-  const uint4* wr = (const uint4*)(w + col * k);
-  for (i64 v0 = 0; v0 < vecs; v0 += 128) {
-    uint4 q[4];
+  for (i64 v0 = 0; v0 < vecs; v0 += 32 * U) {
+    uint4 q[U][R];
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
+    for (int u = 0; u < U; u++) {
       const i64 v = v0 + u * 32 + lane;
-      if (v < vecs) q[u] = wr[v];
+#pragma unroll
+      for (int c = 0; c < R; c++) {
+        const i64 col = col0 + c < n ? col0 + c : n - 1;
+        if (v < vecs) q[u][c] = ((const uint4*)(w + col * k))[v];
+      }
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
+    for (int u = 0; u < U; u++) {
       const i64 v = v0 + u * 32 + lane;
       if (v >= vecs) break;
-      float wv[8];
-      unpack8<W>(q[u], wv);
 #pragma unroll
       for (int r = 0; r < MR; r++) {
         if (r >= m) break;
         float xv[8];
         ldx8<X>(x + r * k + v * 8, xv);
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[r] = fmaf(xv[e], wv[e], acc[r]);
+        for (int c = 0; c < R; c++) {
+          float wv[8];
+          unpack8<W>(q[u][c], wv);
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[r * R + c] = fmaf(xv[e], wv[e], acc[r * R + c]);
+        }
       }
     }
   }
 }
 
-// y [m, n] = x [m, k] · dequant(w)ᵀ; blockDim 128 (four columns per block).
-template <class X, int BITS, int MR>
+// Warp w of the grid owns weight rows [w·R, w·R + R); blockDim 128.
+__device__ __forceinline__ i64 first_col(int r) { return ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * r; }
+
+// y [m, n] = x [m, k] · dequant(w)ᵀ.
+template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv(const void* x, int m, const unsigned* w, const void* s, const void* z, int sdt,
                                       void* y, int ydt, i64 n, i64 k, int group) {
-  const i64 col = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (col >= n) return;
-  float acc[MR];
+  const i64 col0 = first_col(R);
+  if (col0 >= n) return;
+  float acc[MR * R];
 #pragma unroll
-  for (int r = 0; r < MR; r++) acc[r] = 0.0f;
-  qdot_rows<X, BITS, MR>((const typename X::T*)x, m, k, w, s, z, sdt, col, group, acc);
+  for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
+  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, w, s, z, sdt, col0, n, group, acc);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
-    const float v = warp_sum(acc[r]);
-    if ((threadIdx.x & 31) == 0) stf(y, ydt, r * n + col, v);
+#pragma unroll
+    for (int c = 0; c < R; c++) {
+      const float v = warp_sum(acc[r * R + c]);
+      if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, v);
+    }
   }
 }
 
-// y = silu(x·Gᵀ) · (x·Uᵀ) for two quantized weights of one shape, rounding each intermediate to
-// the dtype the unfused graph stores it in (gdt for both products, sdt_silu for the SiLU).
-template <class X, int BITS, int MR>
+// silu(g) · u for products rounded to gdt, the SiLU rounded to silu_dt (as the plain graph stores them).
+__device__ __forceinline__ float glu_out(float g, float u, int gdt, int silu_dt) {
+  const float a = round_to(g, gdt), b = round_to(u, gdt);
+  return round_to(a / (1.0f + expf(-a)), silu_dt) * b;
+}
+
+// y = silu(x·Gᵀ) · (x·Uᵀ) for two quantized weights of one shape.
+template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* wg, const void* sg, const void* zg,
                                           const unsigned* wu, const void* su, const void* zu, int sdt, void* y,
                                           int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {
-  const i64 col = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (col >= n) return;
-  float g[MR], u[MR];
+  const i64 col0 = first_col(R);
+  if (col0 >= n) return;
+  float g[MR * R], u[MR * R];
 #pragma unroll
-  for (int r = 0; r < MR; r++) { g[r] = 0.0f; u[r] = 0.0f; }
-  qdot_rows<X, BITS, MR>((const typename X::T*)x, m, k, wg, sg, zg, sdt, col, group, g);
-  qdot_rows<X, BITS, MR>((const typename X::T*)x, m, k, wu, su, zu, sdt, col, group, u);
+  for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
+  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, wg, sg, zg, sdt, col0, n, group, g);
+  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, wu, su, zu, sdt, col0, n, group, u);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
-    const float a = round_to(warp_sum(g[r]), gdt), b = round_to(warp_sum(u[r]), gdt);
-    const float act = round_to(a / (1.0f + expf(-a)), silu_dt);
-    if ((threadIdx.x & 31) == 0) stf(y, ydt, r * n + col, act * b);
+#pragma unroll
+    for (int c = 0; c < R; c++) {
+      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, silu_dt);
+      if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, out);
+    }
   }
 }
 
-template <class X, class W, int MR>
+template <class X, class W, int MR, int R>
+__device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void* y, int ydt, i64 n, i64 k) {
+  const i64 col0 = first_col(R);
+  if (col0 >= n) return;
+  float acc[MR * R];
+#pragma unroll
+  for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
+  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)w, col0, n, acc);
+#pragma unroll
+  for (int r = 0; r < MR; r++) {
+    if (r >= m) break;
+#pragma unroll
+    for (int c = 0; c < R; c++) {
+      const float v = warp_sum(acc[r * R + c]);
+      if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, v);
+    }
+  }
+}
+
+template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, const void* wu, void* y, int ydt,
                                           int gdt, int silu_dt, i64 n, i64 k) {
-  const i64 col = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (col >= n) return;
-  float g[MR], u[MR];
+  const i64 col0 = first_col(R);
+  if (col0 >= n) return;
+  float g[MR * R], u[MR * R];
 #pragma unroll
-  for (int r = 0; r < MR; r++) { g[r] = 0.0f; u[r] = 0.0f; }
-  ddot_rows<X, W, MR>((const typename X::T*)x, m, k, (const unsigned short*)wg, col, g);
-  ddot_rows<X, W, MR>((const typename X::T*)x, m, k, (const unsigned short*)wu, col, u);
-#pragma unroll
-  for (int r = 0; r < MR; r++) {
-    if (r >= m) break;
-    const float a = round_to(warp_sum(g[r]), gdt), b = round_to(warp_sum(u[r]), gdt);
-    const float act = round_to(a / (1.0f + expf(-a)), silu_dt);
-    if ((threadIdx.x & 31) == 0) stf(y, ydt, r * n + col, act * b);
-  }
-}
-
-template <class X, class W, int MR>
-__device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void* y, int ydt, i64 n, i64 k) {
-  const i64 col = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (col >= n) return;
-  float acc[MR];
-#pragma unroll
-  for (int r = 0; r < MR; r++) acc[r] = 0.0f;
-  ddot_rows<X, W, MR>((const typename X::T*)x, m, k, (const unsigned short*)w, col, acc);
+  for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
+  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wg, col0, n, g);
+  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wu, col0, n, u);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
-    const float v = warp_sum(acc[r]);
-    if ((threadIdx.x & 31) == 0) stf(y, ydt, r * n + col, v);
+#pragma unroll
+    for (int c = 0; c < R; c++) {
+      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, silu_dt);
+      if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, out);
+    }
   }
 }
 
-// Entry points: qgemv_{x}_{bits}_{1|8}, qglu_{x}_{bits}_{1|8}, dgemv_{x}_{w}_{1|8}.
-#define QGEMV(XN, X, BITS, MR)                                                                                    \
-  extern "C" __global__ void qgemv_##XN##_##BITS##_##MR(const void* x, int m, const unsigned* w, const void* s,    \
-                                                        const void* z, int sdt, void* y, int ydt, i64 n, i64 k,   \
-                                                        int group) {                                              \
-    qgemv<X, BITS, MR>(x, m, w, s, z, sdt, y, ydt, n, k, group);                                                  \
+// Entry points `{family}_{x}_{variant}_{MR}_{R}`: qgemv/qglu (variant = bits), dgemv/dglu
+// (variant = weight dtype); (MR, R) in {(1, 1), (1, 2), (1, 4), (8, 1)}.
+#define QGEMV(XN, X, BITS, MR, R)                                                                                 \
+  extern "C" __global__ void qgemv_##XN##_##BITS##_##MR##_##R(const void* x, int m, const unsigned* w,            \
+                                                              const void* s, const void* z, int sdt, void* y,     \
+                                                              int ydt, i64 n, i64 k, int group) {                 \
+    qgemv<X, BITS, MR, R>(x, m, w, s, z, sdt, y, ydt, n, k, group);                                               \
   }                                                                                                               \
-  extern "C" __global__ void qglu_##XN##_##BITS##_##MR(                                                           \
+  extern "C" __global__ void qglu_##XN##_##BITS##_##MR##_##R(                                                     \
       const void* x, int m, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su, \
       const void* zu, int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {                 \
-    qgemv_glu<X, BITS, MR>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, silu_dt, n, k, group);                 \
+    qgemv_glu<X, BITS, MR, R>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, silu_dt, n, k, group);              \
   }
-#define QGEMV_X(XN, X) QGEMV(XN, X, 4, 1) QGEMV(XN, X, 4, 8) QGEMV(XN, X, 8, 1) QGEMV(XN, X, 8, 8)
+#define QGEMV_SHAPES(XN, X, BITS) \
+  QGEMV(XN, X, BITS, 1, 1) QGEMV(XN, X, BITS, 1, 2) QGEMV(XN, X, BITS, 1, 4) QGEMV(XN, X, BITS, 8, 1)
+#define QGEMV_X(XN, X) QGEMV_SHAPES(XN, X, 4) QGEMV_SHAPES(XN, X, 8)
 QGEMV_X(f32, F32)
 QGEMV_X(f16, F16)
 QGEMV_X(bf16, BF16)
 
-#define DGEMV(XN, X, WN, W, MR)                                                                                   \
-  extern "C" __global__ void dgemv_##XN##_##WN##_##MR(const void* x, int m, const void* w, void* y, int ydt, i64 n, \
-                                                      i64 k) {                                                    \
-    dgemv<X, W, MR>(x, m, w, y, ydt, n, k);                                                                       \
+#define DGEMV(XN, X, WN, W, MR, R)                                                                                \
+  extern "C" __global__ void dgemv_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* w, void* y, int ydt, \
+                                                            i64 n, i64 k) {                                       \
+    dgemv<X, W, MR, R>(x, m, w, y, ydt, n, k);                                                                    \
   }                                                                                                               \
-  extern "C" __global__ void dglu_##XN##_##WN##_##MR(const void* x, int m, const void* wg, const void* wu, void* y, \
-                                                     int ydt, int gdt, int silu_dt, i64 n, i64 k) {               \
-    dgemv_glu<X, W, MR>(x, m, wg, wu, y, ydt, gdt, silu_dt, n, k);                                                \
+  extern "C" __global__ void dglu_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* wg, const void* wu,  \
+                                                           void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k) { \
+    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, silu_dt, n, k);                                             \
   }
-#define DGEMV_X(XN, X) DGEMV(XN, X, f16, F16, 1) DGEMV(XN, X, f16, F16, 8) DGEMV(XN, X, bf16, BF16, 1) DGEMV(XN, X, bf16, BF16, 8)
+#define DGEMV_SHAPES(XN, X, WN, W) \
+  DGEMV(XN, X, WN, W, 1, 1) DGEMV(XN, X, WN, W, 1, 2) DGEMV(XN, X, WN, W, 1, 4) DGEMV(XN, X, WN, W, 8, 1)
+#define DGEMV_X(XN, X) DGEMV_SHAPES(XN, X, f16, F16) DGEMV_SHAPES(XN, X, bf16, BF16)
 DGEMV_X(f32, F32)
 DGEMV_X(f16, F16)
 DGEMV_X(bf16, BF16)

@@ -77,3 +77,19 @@ extern "C" __global__ void matmul_t_warp(const void* a, int adt, const void* b, 
     if (lane == 0) stf(y, ydt, o, acc);
   }
 }
+
+// out [N, K] (dtype odt) = dequant(w [N, K·bits/32]): the weight of a large prefill product,
+// expanded once per run for cuBLAS.
+extern "C" __global__ void dequant_rows(const unsigned* w, const void* s, const void* z, int sdt, void* out, int odt,
+                                        i64 n, i64 k, int bits, int group) {
+  const int per = 32 / bits;
+  const unsigned mask = (1u << bits) - 1u;
+  const i64 groups = k / group;
+  for (i64 idx = gid(); idx < n * k; idx += gstride()) {
+    const i64 r = idx / k, j = idx % k;
+    const unsigned word = w[r * (k / per) + j / per];
+    const float q = (float)((word >> ((j % per) * bits)) & mask);
+    const i64 g = r * groups + j / group;
+    stf(out, odt, idx, q * ldf(s, sdt, g) + ldf(z, sdt, g));
+  }
+}

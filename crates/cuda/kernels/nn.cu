@@ -126,3 +126,101 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
     stf(y, ydt, base + j, ldf(s, sdt, base + j) * inv * g);
   }
 }
+
+// Decode attention split over the cache (flash-decoding), for one query position per (batch,
+// head): block (row, split) of 128 threads takes keys [split·chunk, split·chunk + chunk) within
+// the valid range, each warp an interleaved share with a running max and sum, and writes its
+// partial (max, sum, unnormalized output) to part [rows, splits, dv + 2]; attention_combine
+// merges the splits. The length is read from device memory, so the grid is fixed for replay.
+#define ATT_MAXD 256
+extern "C" __global__ void attention_split(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                           const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
+                                           i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
+                                           float softcap, i64 chunk, int* error, int tag) {
+  __shared__ float wm[4], wl[4], wacc[4][ATT_MAXD];
+  const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* out = part + (row * splits + split) * (dv + 2);
+  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
+  if (len < 1 || len > s) {
+    if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);
+    if (threadIdx.x == 0) { out[0] = -INFINITY; out[1] = 0.0f; }
+    for (i64 c = threadIdx.x; c < dv; c += blockDim.x) out[2 + c] = 0.0f;
+    return;
+  }
+  const i64 p = len - 1;
+  const i64 hi_key = causal ? p + 1 : len;
+  const i64 lo_key = window > 0 && p + 1 - window > 0 ? p + 1 - window : 0;
+  const i64 j0 = split * chunk > lo_key ? split * chunk : lo_key;
+  const i64 j1 = (split + 1) * chunk < hi_key ? (split + 1) * chunk : hi_key;
+  const i64 kbase = (bi * hkv + kvh) * s;
+  float qv[ATT_MAXD / 32], acc[ATT_MAXD / 32];
+#pragma unroll
+  for (int i = 0; i < ATT_MAXD / 32; i++) {
+    const i64 c = lane + 32 * i;
+    qv[i] = c < d ? ldf(q, qdt, row * d + c) : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (i64 j = j0 + warp; j < j1; j += 4) {
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD / 32; i++) {
+      const i64 c = lane + 32 * i;
+      if (c < d) dot += qv[i] * ldf(k, kdt, (kbase + j) * d + c);
+    }
+    float sc = warp_sum(dot) * scale;
+    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+    const float mn = fmaxf(m, sc);
+    const float corr = expf(m - mn), e = expf(sc - mn);
+    l = l * corr + e;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD / 32; i++) {
+      const i64 c = lane + 32 * i;
+      if (c < dv) acc[i] = acc[i] * corr + e * ldf(v, kdt, (kbase + j) * dv + c);
+    }
+    m = mn;
+  }
+  if (lane == 0) { wm[warp] = m; wl[warp] = l; }
+#pragma unroll
+  for (int i = 0; i < ATT_MAXD / 32; i++) {
+    const i64 c = lane + 32 * i;
+    if (c < dv) wacc[warp][c] = acc[i];
+  }
+  __syncthreads();
+  float mx = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3]));
+  if (threadIdx.x == 0) {
+    float tot = 0.0f;
+    for (int w = 0; w < 4; w++) tot += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - mx);
+    out[0] = mx;
+    out[1] = tot;
+  }
+  for (i64 c = threadIdx.x; c < dv; c += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < 4; w++) o += wm[w] == -INFINITY ? 0.0f : wacc[w][c] * expf(wm[w] - mx);
+    out[2 + c] = o;
+  }
+}
+
+// y [rows, dv] from the partials of attention_split: one block per row.
+extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 dv, void* y, int ydt) {
+  const i64 row = blockIdx.x;
+  const float* p = part + row * splits * (dv + 2);
+  float mx = -INFINITY;
+  for (i64 sp = 0; sp < splits; sp++) mx = fmaxf(mx, p[sp * (dv + 2)]);
+  float tot = 0.0f;
+  for (i64 sp = 0; sp < splits; sp++) {
+    const float m = p[sp * (dv + 2)];
+    if (m != -INFINITY) tot += p[sp * (dv + 2) + 1] * expf(m - mx);
+  }
+  const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
+  for (i64 c = threadIdx.x; c < dv; c += blockDim.x) {
+    float o = 0.0f;
+    for (i64 sp = 0; sp < splits; sp++) {
+      const float m = p[sp * (dv + 2)];
+      if (m != -INFINITY) o += p[sp * (dv + 2) + 2 + c] * expf(m - mx);
+    }
+    stf(y, ydt, row * dv + c, o * inv);
+  }
+}

@@ -642,6 +642,17 @@ fn matmul(cases: &mut Vec<OpCase>) -> Result<()> {
         };
         cases.push(c.finish(&[y], accumulation(k)));
     }
+    // Prefill-sized linear layers (more rows than a decode GEMV takes), every activation dtype
+    // with each weight dtype.
+    for &dx in &FLOATS {
+        for &dw in &FLOATS {
+            let mut c = Case::new(format!("matmul_t/{dx}_x/{dw}_weight/prefill/2x7x64/n40"));
+            let x = c.input("x", dx, &[2, 7, 64], 1.0)?;
+            let w = c.param("w", dw, &[40, 64], 0.125)?;
+            let y = c.b.matmul_t(x, w)?;
+            cases.push(c.finish(&[y], accumulation(64)));
+        }
+    }
     Ok(())
 }
 
@@ -673,6 +684,16 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
         let [w, s, b] = c.quantized("proj", &[33], 128, (4, 64), F16)?;
         let y = c.b.quantized_matmul(x, w, s, b, 4, 64)?;
         cases.push(c.finish(&[y], accumulation(128)));
+    }
+    // Prefill-sized products (more rows than a decode GEMV takes).
+    for &dt in &FLOATS {
+        for (bits, group) in [(4u32, 64usize), (8, 32), (2, 128)] {
+            let mut c = Case::new(format!("quantized_matmul/{dt}/{bits}bit/g{group}/prefill/12x256/n33"));
+            let x = c.input("x", dt, &[12, 256], 1.0)?;
+            let [w, s, b] = c.quantized("proj", &[33], 256, (bits, group), dt)?;
+            let y = c.b.quantized_matmul(x, w, s, b, bits, group)?;
+            cases.push(c.finish(&[y], accumulation(256)));
+        }
     }
     // MoE: 4 experts of [31, 64], two per token; x shared by both (X = 1) or one row each.
     for &dt in &FLOATS {

@@ -111,14 +111,24 @@ fn compare_code(c: CompareOp) -> i32 {
 /// Rows of x the GEMV kernels (gemv.cu) take; more go to the general kernels.
 pub(crate) const GEMV_ROWS: usize = 8;
 
-/// `{family}_{x dtype}_{variant}_{1|8}`: the instantiation in gemv.cu for `rows` rows of x.
-pub(crate) fn gemv_name(family: &str, x: mlxcel_core::DType, variant: &str, rows: usize) -> Result<&'static str> {
-    let name = format!(
-        "{family}_{}_{variant}_{}",
-        fsuffix(x)?,
-        if rows == 1 { 1 } else { GEMV_ROWS }
-    );
-    Ok(intern(name))
+/// The gemv.cu instantiation `{family}_{x}_{variant}_{MR}_{R}` for `rows` rows of x and `n`
+/// outputs, and its grid (four warps a block, R weight rows a warp: wide matrices share each
+/// load of x between more rows; narrow ones keep one row a warp so every SM has work).
+pub(crate) fn gemv_kernel(
+    family: &str,
+    x: mlxcel_core::DType,
+    variant: &str,
+    rows: usize,
+    n: usize,
+) -> Result<(&'static str, u32)> {
+    let (mr, r) = match (rows, n) {
+        (2.., _) => (GEMV_ROWS, 1),
+        (_, 8192..) => (1, 4),
+        (_, 2048..) => (1, 2),
+        _ => (1, 1),
+    };
+    let name = format!("{family}_{}_{variant}_{mr}_{r}", fsuffix(x)?);
+    Ok((intern(name), n.div_ceil(4 * r) as u32))
 }
 
 /// Kernel names live as long as the process (the kernel table is keyed by `&'static str`).
@@ -153,6 +163,9 @@ pub fn node(
     let input = |k: usize| graph.node(node.inputs[k]);
     let n = node.shape.iter().product::<usize>();
     let ni = n as i64;
+    if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)? {
+        return Ok(());
+    }
     match &node.op {
         Op::Parameter { .. } | Op::Constant { .. } | Op::Input { .. } | Op::State { .. } | Op::Reshape => Ok(()),
         Op::Unary(u) => {
@@ -311,7 +324,7 @@ pub fn node(
             ];
             let rows = batch * m;
             if *transpose_b && sb.len() == 2 && rows <= GEMV_ROWS && k % 8 == 0 && input(1).dtype.size() == 2 {
-                let name = gemv_name("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows)?;
+                let (name, grid) = gemv_kernel("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows, nn)?;
                 let args = [
                     Ptr(ptr(0)),
                     I32(rows as i32),
@@ -321,7 +334,7 @@ pub fn node(
                     I64(nn as i64),
                     I64(k as i64),
                 ];
-                return gpu.launch(name, nn.div_ceil(4) as u32, 128, 0, &args);
+                return gpu.launch(name, grid, 128, 0, &args);
             }
             // Linear layers (b transposed) take the coalescing warp-per-output kernel, which has
             // no transpose parameter; the general kernel does.
@@ -354,7 +367,8 @@ pub fn node(
                 I32(*group_size as i32),
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                let name = gemv_name("qgemv", input(0).dtype, if *bits == 4 { "4" } else { "8" }, m)?;
+                let bits_name = if *bits == 4 { "4" } else { "8" };
+                let (name, grid) = gemv_kernel("qgemv", input(0).dtype, bits_name, m, nn)?;
                 let args = [
                     Ptr(ptr(0)),
                     I32(m as i32),
@@ -368,7 +382,7 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
-                return gpu.launch(name, nn.div_ceil(4) as u32, 128, 0, &args);
+                return gpu.launch(name, grid, 128, 0, &args);
             }
             gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
         }
@@ -508,6 +522,41 @@ pub fn node(
                 Ptr(error),
                 I32(tag),
             ];
+            if let (Some(splits), true) = (decode_attention_splits(graph, i), scratch != 0) {
+                let chunk = sk[2].div_ceil(splits);
+                let split_args = [
+                    Ptr(ptr(0)),
+                    I32(fcode(input(0).dtype)?),
+                    Ptr(ptr(1)),
+                    Ptr(ptr(2)),
+                    I32(fcode(input(1).dtype)?),
+                    Ptr(ptr(3)),
+                    I32(icode(input(3).dtype)?),
+                    I32(input(3).shape.iter().product::<usize>() as i32),
+                    Ptr(scratch),
+                    I64(sq[1] as i64),
+                    I64(sk[1] as i64),
+                    I64(sk[2] as i64),
+                    I64(sq[3] as i64),
+                    I64(dv as i64),
+                    F32(*scale),
+                    I32(i32::from(*causal)),
+                    I64(window.map_or(0, |w| w as i64)),
+                    F32(softcap.unwrap_or(0.0)),
+                    I64(chunk as i64),
+                    Ptr(error),
+                    I32(tag),
+                ];
+                gpu.launch_grid("attention_split", (rows as u32, splits as u32), 128, 0, &split_args)?;
+                let combine = [
+                    Ptr(scratch),
+                    I64(splits as i64),
+                    I64(dv as i64),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                ];
+                return gpu.launch("attention_combine", rows as u32, 128, 0, &combine);
+            }
             gpu.launch("attention", rows as u32, 128, (sk[2] * 4) as u32, &args)
         }
         Op::KvWrite => {
@@ -701,7 +750,7 @@ pub(crate) fn fused(
             let xdt = graph.node(*x).dtype;
             match ng.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let name = gemv_name("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows)?;
+                    let (name, grid) = gemv_kernel("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows, n)?;
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for j in [*g, *u] {
                         args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
@@ -710,11 +759,11 @@ pub(crate) fn fused(
                     args.push(Ptr(at(i)));
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64), I32(group_size as i32)]);
-                    gpu.launch(name, n.div_ceil(4) as u32, 128, 0, &args)
+                    gpu.launch(name, grid, 128, 0, &args)
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
-                    let name = gemv_name("dglu", xdt, w, rows)?;
+                    let (name, grid) = gemv_kernel("dglu", xdt, w, rows, n)?;
                     let mut args = vec![
                         Ptr(at(x.index())),
                         I32(rows as i32),
@@ -724,7 +773,7 @@ pub(crate) fn fused(
                     ];
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64)]);
-                    gpu.launch(name, n.div_ceil(4) as u32, 128, 0, &args)
+                    gpu.launch(name, grid, 128, 0, &args)
                 }
             }
         }
@@ -751,4 +800,171 @@ pub(crate) fn fused(
             gpu.launch("add_rms_norm", (n / d.max(1)) as u32, THREADS, 0, &args)
         }
     }
+}
+
+/// A product cuBLAS takes: `y [rows, n] = x [rows, k] · Wᵀ` with more rows than the GEMV
+/// kernels take, activations and output in a pair of types GemmEx multiplies with f32
+/// accumulation. `expand` says the weight is first written into scratch in x's dtype.
+struct Gemm {
+    rows: usize,
+    n: usize,
+    k: usize,
+    expand: bool,
+}
+
+fn gemm_plan(graph: &Graph, i: usize) -> Option<Gemm> {
+    use mlxcel_core::DType::{BF16, F16, F32};
+    let node = &graph.nodes[i];
+    let x = graph.node(*node.inputs.first()?);
+    let w = graph.node(*node.inputs.get(1)?);
+    let k = *x.shape.last()?;
+    let rows = x.shape.iter().product::<usize>() / k.max(1);
+    let types_ok = matches!(
+        (x.dtype, node.dtype),
+        (F32, F32) | (F16, F16) | (F16, F32) | (BF16, BF16) | (BF16, F32)
+    );
+    if rows <= GEMV_ROWS || !types_ok || k == 0 {
+        return None;
+    }
+    match node.op {
+        Op::MatMul { transpose_b: true } if w.shape.len() == 2 && w.dtype.is_float() => Some(Gemm {
+            rows,
+            n: w.shape[0],
+            k,
+            expand: w.dtype != x.dtype,
+        }),
+        Op::QuantizedMatMul { .. } => Some(Gemm {
+            rows,
+            n: w.shape[0],
+            k,
+            expand: true,
+        }),
+        _ => None,
+    }
+}
+
+/// Scratch bytes node `i` needs for its expanded weight when it goes to cuBLAS.
+pub(crate) fn gemm_scratch_bytes(graph: &Graph, i: usize) -> usize {
+    match gemm_plan(graph, i) {
+        Some(g) if g.expand => g.n * g.k * graph.node(graph.nodes[i].inputs[0]).dtype.size(),
+        _ => 0,
+    }
+}
+
+fn blas_type(d: mlxcel_core::DType) -> cudarc::cublas::sys::cudaDataType {
+    use cudarc::cublas::sys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+    match d {
+        mlxcel_core::DType::F16 => CUDA_R_16F,
+        mlxcel_core::DType::BF16 => CUDA_R_16BF,
+        _ => CUDA_R_32F,
+    }
+}
+
+/// Runs node `i` through cuBLAS if it is a large product and cuBLAS is there; false otherwise.
+fn try_gemm(gpu: &Gpu, graph: &Graph, i: usize, ptr: &dyn Fn(usize) -> u64, out: u64, scratch: u64) -> Result<bool> {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t};
+    let (Some((blas, _)), Some(plan)) = (&gpu.blas, gemm_plan(graph, i)) else {
+        return Ok(false);
+    };
+    if plan.expand && scratch == 0 {
+        return Ok(false);
+    }
+    let node = &graph.nodes[i];
+    let input = |k: usize| graph.node(node.inputs[k]);
+    let xdt = input(0).dtype;
+    let (n, k) = (plan.n, plan.k);
+    let weight = if !plan.expand {
+        ptr(1)
+    } else {
+        let count = (n * k) as i64;
+        match node.op {
+            Op::QuantizedMatMul { bits, group_size } => gpu.launch(
+                "dequant_rows",
+                blocks(n * k),
+                THREADS,
+                0,
+                &[
+                    Arg::Ptr(ptr(1)),
+                    Arg::Ptr(ptr(2)),
+                    Arg::Ptr(ptr(3)),
+                    Arg::I32(fcode(input(2).dtype)?),
+                    Arg::Ptr(scratch),
+                    Arg::I32(fcode(xdt)?),
+                    Arg::I64(n as i64),
+                    Arg::I64(k as i64),
+                    Arg::I32(bits as i32),
+                    Arg::I32(group_size as i32),
+                ],
+            )?,
+            _ => gpu.launch(
+                "astype_any",
+                blocks(n * k),
+                THREADS,
+                0,
+                &[
+                    Arg::I32(acode(input(1).dtype)),
+                    Arg::Ptr(ptr(1)),
+                    Arg::I32(acode(xdt)),
+                    Arg::Ptr(scratch),
+                    Arg::I64(count),
+                ],
+            )?,
+        }
+        scratch
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Row-major y [rows, n] is column-major yᵀ [n, rows] = W [n, k] · xᵀ: A = W read transposed
+    // (column-major [k, n]), B = x (column-major [k, rows]).
+    // SAFETY: the pointers name live buffers sized by the planner (weights, activations) or by
+    // gemm_scratch_bytes (the expanded weight); alpha/beta are host f32 as COMPUTE_32F wants.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            n as i32,
+            plan.rows as i32,
+            k as i32,
+            (&alpha) as *const f32 as *const _,
+            weight as *const _,
+            blas_type(xdt),
+            k as i32,
+            ptr(0) as *const _,
+            blas_type(xdt),
+            k as i32,
+            (&beta) as *const f32 as *const _,
+            out as *mut _,
+            blas_type(node.dtype),
+            n as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+        )
+    }
+    .map_err(|e| Error::Backend(format!("cuBLAS GemmEx ({} x {n} x {k}): {e:?}", plan.rows)))?;
+    Ok(true)
+}
+
+/// Splits of the cache for decode attention (one query position per head, head sizes up to 256):
+/// enough blocks for every SM twice over, at least 32 keys a split.
+fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
+    let node = &graph.nodes[i];
+    let Op::Attention { .. } = node.op else { return None };
+    let (sq, sk, sv) = (
+        &graph.node(node.inputs[0]).shape,
+        &graph.node(node.inputs[1]).shape,
+        &graph.node(node.inputs[2]).shape,
+    );
+    if sq[2] != 1 || sq[3] > 256 || sv[3] > 256 {
+        return None;
+    }
+    let rows = sq[0] * sq[1];
+    Some((264usize.div_ceil(rows)).clamp(1, 64).min(sk[2].div_ceil(32)).max(1))
+}
+
+/// Bytes of partial results decode attention keeps for node `i`, if it takes the split kernel.
+pub(crate) fn decode_attention_scratch(graph: &Graph, i: usize) -> Option<usize> {
+    let splits = decode_attention_splits(graph, i)?;
+    let node = &graph.nodes[i];
+    let (sq, sv) = (&graph.node(node.inputs[0]).shape, &graph.node(node.inputs[2]).shape);
+    Some(sq[0] * sq[1] * splits * (sv[3] + 2) * 4)
 }

@@ -68,6 +68,31 @@ fn cached_ptx(arch: &'static str) -> Result<String> {
     Ok(ptx)
 }
 
+/// cuBLAS on `stream` with a 32 MiB workspace, or None (with a notice) where libcublas is missing:
+/// large products then take the plain kernels, which are correct but much slower.
+fn open_blas(stream: &Arc<CudaStream>) -> Option<(cudarc::cublas::CudaBlas, CudaSlice<u8>)> {
+    if std::env::var("MLXCEL_CUBLAS").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    // SAFETY: only probes whether the library loads (cudarc would panic on first use otherwise).
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        eprintln!("mlxcel: libcublas was not found; prefill products use the plain CUDA kernels (slow)");
+        return None;
+    }
+    let blas = match cudarc::cublas::CudaBlas::new(stream.clone()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("mlxcel: cuBLAS could not start ({e:?}); prefill products use the plain CUDA kernels");
+            return None;
+        }
+    };
+    let workspace = stream.alloc_zeros::<u8>(32 << 20).ok()?;
+    let ptr = workspace.device_ptr(stream).0;
+    // SAFETY: the workspace lives as long as the handle (both in `Gpu`).
+    let set = unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, 32 << 20) };
+    (set == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some((blas, workspace))
+}
+
 /// 64-bit FNV-1a: a stable hash of the kernel source for the cache key.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -77,6 +102,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 pub struct Gpu {
     stream: Arc<CudaStream>,
+    /// cuBLAS for large products (prefill), when libcublas loads; its workspace is fixed so that
+    /// captured graphs never allocate.
+    blas: Option<(cudarc::cublas::CudaBlas, CudaSlice<u8>)>,
     module: Arc<CudaModule>,
     funcs: std::sync::Mutex<HashMap<&'static str, CudaFunction>>,
 }
@@ -97,7 +125,9 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
         let stream = ctx.new_stream().map_err(driver_err)?;
+        let blas = open_blas(&stream);
         Ok(Arc::new(Gpu {
+            blas,
             stream,
             module,
             funcs: Default::default(),
@@ -262,8 +292,9 @@ struct Loaded {
     slots: Vec<CudaSlice<u8>>,
     /// Patterns run as one fused kernel.
     fusion: fuse::Fusion,
-    /// Per-node scratch (argsort).
-    scratch: HashMap<usize, CudaSlice<u8>>,
+    /// Per-node scratch (argsort; expanded weights of large products, shared by all of them).
+    scratch: HashMap<usize, u64>,
+    scratch_bufs: Vec<CudaSlice<u8>>,
     keep_named: bool,
 }
 
@@ -345,7 +376,7 @@ fn launch_all(
         }
         let ptr = |k: usize| loc_ptr(gpu, g.plan.locs[node.inputs[k].index()], g, states);
         let out = loc_ptr(gpu, g.plan.locs[i], g, states);
-        let scratch = g.scratch.get(&i).map(|s| gpu.ptr(s)).unwrap_or(0);
+        let scratch = g.scratch.get(&i).copied().unwrap_or(0);
         if let Some((p, _)) = profile.as_mut() {
             p.before(gpu, profile::family(&g.graph, i, g.fusion.anchored[i].as_ref()))?;
         }
@@ -385,6 +416,8 @@ impl Session for CudaSession {
         let mut leaf_of = vec![0; graph.nodes.len()];
         let mut leaves = Vec::new();
         let mut scratch = HashMap::new();
+        let mut scratch_bufs = Vec::new();
+        let mut gemm_scratch = 0;
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
                 Op::State { .. } => {
@@ -397,10 +430,29 @@ impl Session for CudaSession {
                 }
                 Op::TopK { .. } | Op::ArgSort { .. } => {
                     let n: usize = graph.node(node.inputs[0]).shape.iter().product();
-                    scratch.insert(i, self.gpu.alloc(n * 4)?);
+                    let buf = self.gpu.alloc(n * 4)?;
+                    scratch.insert(i, self.gpu.ptr(&buf));
+                    scratch_bufs.push(buf);
                 }
                 _ => {}
             }
+            if let Some(bytes) = launch::decode_attention_scratch(graph, i) {
+                let buf = self.gpu.alloc(bytes)?;
+                scratch.insert(i, self.gpu.ptr(&buf));
+                scratch_bufs.push(buf);
+            }
+            if self.gpu.blas.is_some() {
+                gemm_scratch = gemm_scratch.max(launch::gemm_scratch_bytes(graph, i));
+            }
+        }
+        if gemm_scratch > 0 {
+            let buf = self.gpu.alloc(gemm_scratch)?;
+            for (i, _) in graph.nodes.iter().enumerate() {
+                if launch::gemm_scratch_bytes(graph, i) > 0 {
+                    scratch.insert(i, self.gpu.ptr(&buf));
+                }
+            }
+            scratch_bufs.push(buf);
         }
         // Named values are read back one by one, so a graph loaded to keep them runs unfused.
         let fusion = if options.keep_named {
@@ -421,6 +473,7 @@ impl Session for CudaSession {
             leaves,
             slots,
             scratch,
+            scratch_bufs,
             fusion,
             keep_named: options.keep_named,
             runs: 0,
@@ -535,7 +588,11 @@ impl Session for CudaSession {
 
     fn memory(&self) -> MemoryReport {
         MemoryReport {
-            planned_bytes: self.graphs.iter().flat_map(|g| g.slots.iter().map(|s| s.len())).sum(),
+            planned_bytes: self
+                .graphs
+                .iter()
+                .flat_map(|g| g.slots.iter().chain(&g.scratch_bufs).map(|s| s.len()))
+                .sum(),
             state_bytes: self.states.iter().map(|s| s.buf.len()).sum(),
             parameter_bytes: self.uploads.iter().map(|(_, b)| b.len()).sum(),
         }
@@ -549,6 +606,11 @@ impl Gpu {
 
     /// Launches `name` on `grid × block` threads with `smem` bytes of dynamic shared memory.
     fn launch(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_grid(name, (grid, 1), block, smem, args)
+    }
+
+    /// [`Gpu::launch`] on a two-dimensional grid.
+    fn launch_grid(&self, name: &'static str, grid: (u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
         let mut b = self.stream.launch_builder(&f);
         for a in args {
@@ -561,7 +623,7 @@ impl Gpu {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (grid.max(1), 1, 1),
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
