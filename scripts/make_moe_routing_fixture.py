@@ -13,6 +13,9 @@ block's own routing expressions, indices sorted per token). Cases:
   all_experts    top_k = num_experts.
   never_chosen   experts 3 and 6 have a router row far below the others, and NaN scales in
                  their gate_proj: a correct implementation never reads them.
+  dense_bf16     unquantized bfloat16 experts (mlx-lm's SwitchLinear, gather_mm).
+  dense_per_expert  the same stored under Hugging Face's per-expert names
+                 (mlp.experts.{e}.{gate,up,down}_proj.weight), top-3, no renormalization.
 
 Usage: python3 scripts/make_moe_routing_fixture.py --venv /work/venv-parity
 """
@@ -39,6 +42,16 @@ CASES = [
     dict(name="tie_second_qwen2", arch="qwen2_moe", top_k=2, norm=False, router="tie"),
     dict(name="all_experts", arch="qwen3_moe", top_k=EXPERTS, norm=True, router="random"),
     dict(name="never_chosen", arch="qwen3_moe", top_k=2, norm=True, router="never"),
+    dict(name="dense_bf16", arch="qwen3_moe", top_k=2, norm=True, router="random", quant=False),
+    dict(
+        name="dense_per_expert",
+        arch="qwen3_moe",
+        top_k=3,
+        norm=False,
+        router="random",
+        quant=False,
+        per_expert=True,
+    ),
 ]
 NEVER = [3, 6]
 
@@ -130,7 +143,11 @@ def make_case(spec):
         predicate = lambda path, _: (  # noqa: E731
             {"group_size": 64, "bits": 8} if path.endswith("mlp.gate") else True
         )
-    model, qconfig = quantize_model(model, copy.deepcopy(config), 64, 4, quant_predicate=predicate)
+    qconfig = {}
+    if spec.get("quant", True):
+        model, qconfig = quantize_model(
+            model, copy.deepcopy(config), 64, 4, quant_predicate=predicate
+        )
     if spec["router"] == "never":
         scales = model.mlp.switch_mlp.gate_proj.scales
         for e in NEVER:
@@ -157,6 +174,11 @@ def make_case(spec):
         assert not set(NEVER) & set(np.array(inds).ravel().tolist())
 
     tensors = {k: v for k, v in stored.items()}
+    if spec.get("per_expert"):
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            stacked = tensors.pop(f"mlp.switch_mlp.{n}.weight")
+            for e in range(EXPERTS):
+                tensors[f"mlp.experts.{e}.{n}.weight"] = stacked[e]
     tensors.update(x=x, y=y, ids=inds)
     meta = dict(
         case=name,
@@ -167,7 +189,7 @@ def make_case(spec):
         norm_topk_prob=spec["norm"],
         moe_intermediate_size=FF,
         shared_expert_intermediate_size=FF if spec["arch"] == "qwen2_moe" else None,
-        quantization=qconfig["quantization"],
+        quantization=qconfig.get("quantization"),
     )
     return tensors, meta
 
@@ -199,7 +221,7 @@ def main() -> int:
         dict(
             format="mlxcel-moe-routing-v1",
             mlx=mx.__version__,
-            note=__doc__.split("\n\n")[1],
+            note=__doc__.split("\n\nUsage")[0],
             cases=metas,
         ),
     )

@@ -42,7 +42,10 @@ fn run_case(name: &str) -> Outcome {
         .unwrap_or_else(|| panic!("no case {name}"));
     let ck = Checkpoint::open_files(&[dir.join(format!("{name}.safetensors"))]).unwrap();
     let (x, want_y, want_ids) = (ck.get("x").unwrap(), ck.get("y").unwrap(), ck.get("ids").unwrap());
-    let quant = QuantConfig::from_config(&serde_json::json!({ "quantization": meta["quantization"] })).unwrap();
+    let quant = match &meta["quantization"] {
+        Value::Null => QuantConfig::default(),
+        q => QuantConfig::from_config(&serde_json::json!({ "quantization": q })).unwrap(),
+    };
     let loader = Loader { checkpoint: ck, quant };
     let cfg: MoeConfig = serde_json::from_value(serde_json::json!({
         "num_experts": meta["experts"],
@@ -120,4 +123,15 @@ fn experts_never_chosen_are_never_read() {
     let o = check("never_chosen");
     assert!(o.ids.iter().flatten().all(|&e| e != 3 && e != 6));
     assert!(o.y.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn dense_bf16_experts_match_mlx_lm_gather_mm() {
+    check("dense_bf16");
+}
+
+#[test]
+fn per_expert_hugging_face_names_are_stacked_at_load() {
+    // Stored as mlp.experts.{e}.*_proj.weight; top-3 without renormalization.
+    check("dense_per_expert");
 }

@@ -319,3 +319,122 @@ impl SparseMoe {
         Ok(y)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::quant::QuantConfig;
+    use mlxcel_core::DType;
+
+    fn config(extra: serde_json::Value) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "model_type": "qwen3_moe", "hidden_size": 8, "num_hidden_layers": 4, "intermediate_size": 16,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 10,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+            "norm_topk_prob": true
+        });
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    }
+
+    fn spec_error(extra: serde_json::Value) -> String {
+        format!("{:#}", crate::spec_for(&config(extra)).unwrap_err())
+    }
+
+    #[test]
+    fn bad_routing_configs_are_clear_errors() {
+        let e = spec_error(serde_json::json!({"num_experts_per_tok": 5}));
+        assert!(e.contains("num_experts_per_tok 5 exceeds num_experts 4"), "{e}");
+        let e = spec_error(serde_json::json!({"num_experts_per_tok": 0}));
+        assert!(e.contains("at least 1"), "{e}");
+        let e = spec_error(serde_json::json!({"decoder_sparse_step": 0}));
+        assert!(e.contains("decoder_sparse_step"), "{e}");
+        let mut c = config(serde_json::json!({}));
+        c.as_object_mut().unwrap().remove("moe_intermediate_size");
+        let e = format!("{:#}", crate::spec_for(&c).unwrap_err());
+        assert!(e.contains("moe_intermediate_size"), "{e}");
+    }
+
+    #[test]
+    fn sparse_step_and_mlp_only_layers_pick_the_sparse_layers() {
+        let spec = crate::spec_for(&config(serde_json::json!({
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]
+        })))
+        .unwrap();
+        let moe = spec.moe.unwrap();
+        let sparse: Vec<bool> = (0..4).map(|i| moe.is_sparse(i)).collect();
+        assert_eq!(sparse, [false, true, false, false]);
+        assert_eq!(moe.ties, TieBreak::HighestIndex);
+        let all = crate::spec_for(&config(serde_json::json!({}))).unwrap().moe.unwrap();
+        assert!((0..4).all(|i| all.is_sparse(i)));
+    }
+
+    fn zeros(shape: &[usize]) -> HostTensor {
+        HostTensor::zeros(DType::F32, shape)
+    }
+
+    fn load_block(tensors: Vec<(String, HostTensor)>) -> Result<SparseMoe> {
+        let spec = crate::spec_for(&config(serde_json::json!({}))).unwrap().moe.unwrap();
+        let loader = Loader {
+            checkpoint: Checkpoint::from_tensors(tensors),
+            quant: QuantConfig::default(),
+        };
+        SparseMoe::load(&loader, "mlp", 8, &spec)
+    }
+
+    fn router() -> (String, HostTensor) {
+        ("mlp.gate.weight".into(), zeros(&[4, 8]))
+    }
+
+    #[test]
+    fn missing_or_misshapen_expert_tensors_are_clear_errors() {
+        let Err(e) = load_block(vec![router()]) else {
+            panic!("a block without experts must fail")
+        };
+        assert!(e.to_string().contains("no expert weights mlp.switch_mlp.gate_proj.weight"), "{e}");
+
+        // Per-expert names with expert 2 missing.
+        let mut t = vec![router()];
+        for e in [0, 1, 3] {
+            for (p, shape) in [("gate_proj", [8, 8]), ("up_proj", [8, 8]), ("down_proj", [8, 8])] {
+                t.push((format!("mlp.experts.{e}.{p}.weight"), zeros(&shape)));
+            }
+        }
+        let Err(e) = load_block(t) else {
+            panic!("a missing expert must fail")
+        };
+        assert!(e.to_string().contains("mlp.experts.2.gate_proj.weight"), "{e}");
+
+        // Stacked weights for 3 experts where the config says 4.
+        let mut t = vec![router()];
+        for p in ["gate_proj", "up_proj", "down_proj"] {
+            t.push((format!("mlp.switch_mlp.{p}.weight"), zeros(&[3, 8, 8])));
+        }
+        let Err(e) = load_block(t) else {
+            panic!("a wrong expert count must fail")
+        };
+        assert!(e.to_string().contains("expected shape [4, 8, 8], found [3, 8, 8]"), "{e}");
+
+        // Per-expert weights of different shapes.
+        let mut t = vec![router()];
+        for e in 0..4 {
+            let cols = if e == 1 { 7 } else { 8 };
+            t.push((format!("mlp.experts.{e}.gate_proj.weight"), zeros(&[8, cols])));
+        }
+        let Err(e) = load_block(t) else {
+            panic!("misshapen experts must fail")
+        };
+        assert!(e.to_string().contains("expected shape [8, 8], found [8, 7]"), "{e}");
+
+        // The router must have one row per expert.
+        let mut t = vec![("mlp.gate.weight".to_string(), zeros(&[3, 8]))];
+        for p in ["gate_proj", "up_proj", "down_proj"] {
+            t.push((format!("mlp.switch_mlp.{p}.weight"), zeros(&[4, 8, 8])));
+        }
+        let Err(e) = load_block(t) else {
+            panic!("a short router must fail")
+        };
+        assert!(e.to_string().contains("mlp.gate.weight: expected shape [4, 8]"), "{e}");
+    }
+}
