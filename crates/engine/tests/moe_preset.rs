@@ -29,7 +29,14 @@ fn the_preset_has_qwen3_30b_a3b_shapes() {
     let spec = mlxcel_models::spec_for(&(synth::preset(NAME).unwrap().config)()).unwrap();
     let moe = spec.moe.as_ref().unwrap();
     assert_eq!(
-        (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.vocab),
+        (
+            spec.layers,
+            spec.hidden,
+            spec.heads,
+            spec.kv_heads,
+            spec.head_dim,
+            spec.vocab
+        ),
         (48, 2048, 32, 4, 128, 151936)
     );
     assert_eq!((moe.experts, moe.top_k, moe.intermediate), (128, 8, 768));

@@ -85,7 +85,11 @@ fn check(name: &str) -> Outcome {
     let o = run_case(name);
     assert_eq!(o.ids, o.want_ids, "{name}: experts chosen differ from mlx-lm's");
     assert_eq!(o.y.len(), o.want_y.len());
-    let worst = o.y.iter().zip(&o.want_y).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let worst =
+        o.y.iter()
+            .zip(&o.want_y)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
     assert!(worst <= 1e-4, "{name}: max |y - mlx-lm| = {worst}");
     o
 }

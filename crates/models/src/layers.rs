@@ -59,7 +59,10 @@ impl Loader {
             q.group_size
         );
         let groups = shape(&[rows, cols / q.group_size]);
-        let w = ck.get_shaped(&format!("{prefix}.weight"), &shape(&[rows, cols * q.bits as usize / 32]));
+        let w = ck.get_shaped(
+            &format!("{prefix}.weight"),
+            &shape(&[rows, cols * q.bits as usize / 32]),
+        );
         let w = w.map_err(|e| anyhow::anyhow!("{e} (for {}-bit, group {} quantization)", q.bits, q.group_size))?;
         ensure!(
             w.dtype == DType::U32,

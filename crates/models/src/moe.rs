@@ -43,7 +43,9 @@ pub struct MoeSpec {
 
 impl MoeSpec {
     pub fn is_sparse(&self, layer: usize) -> bool {
-        self.experts > 0 && !self.mlp_only_layers.contains(&layer) && (layer + 1) % self.decoder_sparse_step == 0
+        self.experts > 0
+            && !self.mlp_only_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
 
@@ -168,7 +170,14 @@ fn stack(what: &str, parts: &[Weight]) -> Result<Weight> {
 impl SwitchLinear {
     /// `{m}.switch_mlp.{proj}` (mlx-lm's stacked layout), else `{m}.experts.{e}.{proj}` for
     /// every expert, stacked here.
-    pub fn load(w: &Loader, m: &str, proj: &str, experts: usize, inputs: usize, outputs: usize) -> Result<SwitchLinear> {
+    pub fn load(
+        w: &Loader,
+        m: &str,
+        proj: &str,
+        experts: usize,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<SwitchLinear> {
         let stacked = format!("{m}.switch_mlp.{proj}");
         let weight = if w.checkpoint.contains(&format!("{stacked}.weight")) {
             w.stacked_weight(&stacked, &[experts], outputs, inputs)?
@@ -392,7 +401,11 @@ mod tests {
         let Err(e) = load_block(vec![router()]) else {
             panic!("a block without experts must fail")
         };
-        assert!(e.to_string().contains("no expert weights mlp.switch_mlp.gate_proj.weight"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no expert weights mlp.switch_mlp.gate_proj.weight"),
+            "{e}"
+        );
 
         // Per-expert names with expert 2 missing.
         let mut t = vec![router()];
@@ -414,7 +427,10 @@ mod tests {
         let Err(e) = load_block(t) else {
             panic!("a wrong expert count must fail")
         };
-        assert!(e.to_string().contains("expected shape [4, 8, 8], found [3, 8, 8]"), "{e}");
+        assert!(
+            e.to_string().contains("expected shape [4, 8, 8], found [3, 8, 8]"),
+            "{e}"
+        );
 
         // Per-expert weights of different shapes.
         let mut t = vec![router()];

@@ -67,7 +67,9 @@ pub(crate) struct Mlp {
     down: Linear,
 }
 
-/// A layer's feed-forward block: the gated MLP, or routed experts.
+/// A layer's feed-forward block: the gated MLP, or routed experts (one per layer, so the
+/// variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 enum Ffn {
     Dense(Mlp),
     Sparse(SparseMoe),
