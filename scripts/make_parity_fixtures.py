@@ -166,6 +166,26 @@ CASES = [
         quant=dict(bits=4, group_size=128),
         norms_f32=True,
     ),
+    dict(
+        # 8 experts, top-2, renormalized; layer 1 is a dense MLP (mlp_only_layers).
+        # mlx-lm's quant_predicate keeps the router gates (mlp.gate) at 8 bits.
+        name="qwen3_moe-q4g64",
+        arch="qwen3_moe",
+        seed=606,
+        vocab_size=352,
+        tie=False,
+        head_dim=64,
+        quant=dict(bits=4, group_size=64),
+        moe=dict(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        ),
+    ),
 ]
 
 # Special tokens of the llama-bf16 tokenizer, appended at the end of the vocab
@@ -368,6 +388,21 @@ def hf_config(spec: dict, bos_id: int, eos_id) -> dict:
             rope_scaling=None,
             sliding_window=None,
             use_sliding_window=False,
+        )
+    elif arch == "qwen3_moe":
+        base.update(
+            architectures=["Qwen3MoeForCausalLM"],
+            attention_bias=False,
+            attention_dropout=0.0,
+            head_dim=spec["head_dim"],
+            max_window_layers=spec["moe"]["num_hidden_layers"],
+            output_router_logits=False,
+            rms_norm_eps=1e-6,
+            rope_scaling=None,
+            router_aux_loss_coef=0.001,
+            sliding_window=None,
+            use_sliding_window=False,
+            **spec["moe"],
         )
     else:
         raise ValueError(arch)
@@ -835,10 +870,10 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
         q = np.stack(
             [(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)],
             axis=-1,
-        ).reshape(packed.shape[0], -1, gs)
+        ).reshape(*packed.shape[:-1], -1, gs)
         scales, biases = arr(name + ".scales"), arr(name + ".biases")
         deq = q.astype(np.float32) * scales[..., None] + biases[..., None]
-        return deq.reshape(packed.shape[0], -1)
+        return deq.reshape(*packed.shape[:-1], -1)
 
     def rms_norm(x, g):
         eps = cfg["rms_norm_eps"]
@@ -898,12 +933,38 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
         o = (s @ v).transpose(1, 0, 2).reshape(t, n_heads * head_dim)
         x = x + o @ weight(p + "self_attn.o_proj").T
         h = rms_norm(x, arr(p + "post_attention_layernorm.weight"))
+        if p + "mlp.gate.weight" in w:
+            x = x + numpy_sparse_moe(cfg, h, lambda n: weight(p + "mlp." + n))
+            continue
         g = h @ weight(p + "mlp.gate_proj").T
         u = h @ weight(p + "mlp.up_proj").T
         x = x + (g / (1 + np.exp(-g)) * u) @ weight(p + "mlp.down_proj").T
     x = rms_norm(x, arr("model.norm.weight"))
     head = weight("lm_head") if "lm_head.weight" in w else embed
     return (x @ head.T).astype(np.float64)
+
+
+def numpy_sparse_moe(cfg: dict, h, weight):
+    """Qwen3-MoE's sparse block from its definition: softmax router, the k most probable
+    experts (ties to the higher index, as MLX's argpartition orders equal values by
+    index), optional renormalization, sum of the experts' SwiGLU MLPs by router weight."""
+    import numpy as np
+
+    logits = h @ weight("gate").T  # (t, experts)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    k = cfg["num_experts_per_tok"]
+    gate, up, down = (weight(f"switch_mlp.{n}_proj") for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        order = sorted(range(probs.shape[1]), key=lambda e: (probs[t, e], e))[-k:]
+        scores = probs[t, order]
+        if cfg["norm_topk_prob"]:
+            scores = scores / scores.sum()
+        for e, s in zip(order, scores):
+            g, u = gate[e] @ h[t], up[e] @ h[t]
+            out[t] += s * (down[e] @ (g / (1 + np.exp(-g)) * u))
+    return out
 
 
 def numpy_check(case_dir: Path, reference: dict, tol: float = 1e-4) -> float:

@@ -102,6 +102,22 @@ impl Backend for CudaBackend {
     }
 }
 
+/// Whether every node of `graph` is one this backend can run (the checks `load` makes), without
+/// a GPU: how model code checks its graphs for CUDA on any machine.
+pub fn check_graph(graph: &mlxcel_core::Graph) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        graph.nodes.iter().try_for_each(|node| device::check_node(graph, node))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = graph;
+        Err(Error::Backend(
+            "mlxcel was not compiled with CUDA support (build with --features cuda)".into(),
+        ))
+    }
+}
+
 #[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     #[test]

@@ -25,6 +25,7 @@ fn cuda_matches_mlx_lm_on_the_parity_fixtures() {
         ("qwen2-bias-tied-q8g32", 0.05),
         ("qwen3-q4g64", 0.05),
         ("qwen3-q4g128-f32norms", 0.05),
+        ("qwen3_moe-q4g64", 0.05),
     ] {
         let dir = root().join("tests/fixtures/parity").join(case);
         let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();

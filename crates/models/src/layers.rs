@@ -14,7 +14,7 @@ pub struct Loader {
 }
 
 #[derive(Clone)]
-enum Weight {
+pub(crate) enum Weight {
     Dense(HostTensor),
     Quantized {
         w: HostTensor,
@@ -33,12 +33,19 @@ pub struct Linear {
 }
 
 impl Loader {
-    fn weight(&self, prefix: &str, rows: usize, cols: usize) -> Result<Weight> {
+    pub(crate) fn weight(&self, prefix: &str, rows: usize, cols: usize) -> Result<Weight> {
+        self.stacked_weight(prefix, &[], rows, cols)
+    }
+
+    /// A weight `[lead.., rows, cols]` (e.g. experts stacked on a leading axis), dense or
+    /// quantized along `cols`.
+    pub(crate) fn stacked_weight(&self, prefix: &str, lead: &[usize], rows: usize, cols: usize) -> Result<Weight> {
         let ck = &self.checkpoint;
+        let shape = |tail: &[usize]| [lead, tail].concat();
         let scales = format!("{prefix}.scales");
         if !ck.contains(&scales) {
             return Ok(Weight::Dense(
-                ck.get_shaped(&format!("{prefix}.weight"), &[rows, cols])?,
+                ck.get_shaped(&format!("{prefix}.weight"), &shape(&[rows, cols]))?,
             ));
         }
         let q = self.quant.for_module(prefix).ok_or_else(|| {
@@ -51,8 +58,11 @@ impl Loader {
             "bad quantization config: {prefix} has {cols} inputs, not a multiple of group size {}",
             q.group_size
         );
-        let groups = [rows, cols / q.group_size];
-        let w = ck.get_shaped(&format!("{prefix}.weight"), &[rows, cols * q.bits as usize / 32]);
+        let groups = shape(&[rows, cols / q.group_size]);
+        let w = ck.get_shaped(
+            &format!("{prefix}.weight"),
+            &shape(&[rows, cols * q.bits as usize / 32]),
+        );
         let w = w.map_err(|e| anyhow::anyhow!("{e} (for {}-bit, group {} quantization)", q.bits, q.group_size))?;
         ensure!(
             w.dtype == DType::U32,

@@ -7,9 +7,12 @@ pub mod from_gguf;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
+pub mod moe;
 pub mod quant;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod synth;
 pub mod transformer;
 pub mod writer;
@@ -23,7 +26,13 @@ pub use transformer::{DecoderSpec, StepInputs, Transformer};
 type SpecFn = fn(&serde_json::Value) -> Result<DecoderSpec>;
 
 /// Supported `model_type`s and how each reads its config.
-pub const REGISTRY: &[(&str, SpecFn)] = &[("llama", llama::spec), ("qwen2", qwen2::spec), ("qwen3", qwen3::spec)];
+pub const REGISTRY: &[(&str, SpecFn)] = &[
+    ("llama", llama::spec),
+    ("qwen2", qwen2::spec),
+    ("qwen3", qwen3::spec),
+    ("qwen2_moe", qwen2_moe::spec),
+    ("qwen3_moe", qwen3_moe::spec),
+];
 
 pub fn supported_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()

@@ -114,6 +114,7 @@ impl LlamaConfig {
             o_bias: self.attention_bias,
             mlp_bias: self.mlp_bias,
             qk_norm: false,
+            moe: None,
         })
     }
 }

@@ -44,6 +44,17 @@ fn smollm2_135m() -> Value {
     })
 }
 
+/// Qwen3-30B-A3B's config.json (128 experts, 8 per token, all layers sparse).
+fn qwen3_30b_a3b() -> Value {
+    json!({
+        "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "intermediate_size": 6144,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "tie_word_embeddings": false, "num_experts": 128, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": []
+    })
+}
+
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "llama-3.1-8b-4bit",
@@ -72,6 +83,14 @@ pub const PRESETS: &[Preset] = &[
         quant: Some(QuantParams {
             bits: 4,
             group_size: 32,
+        }),
+    },
+    Preset {
+        name: "qwen3-30b-a3b-4bit",
+        config: qwen3_30b_a3b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
         }),
     },
 ];
@@ -130,17 +149,32 @@ impl Builder {
     /// A module's weight `[rows, cols]`: dense bf16, or MLX affine with random codes and
     /// scales chosen so dequantized values are about ±`scale`.
     fn weight(&mut self, name: &str, rows: usize, cols: usize, scale: f32) -> Result<()> {
-        let Some(q) = self.quant else {
-            let w = random_bf16(&mut self.rng, &[rows, cols], scale)?;
+        self.stacked_weight(name, &[], rows, cols, scale, self.quant)
+    }
+
+    /// A weight `[lead.., rows, cols]` (experts stacked on a leading axis), quantized by `quant`.
+    fn stacked_weight(
+        &mut self,
+        name: &str,
+        lead: &[usize],
+        rows: usize,
+        cols: usize,
+        scale: f32,
+        quant: Option<QuantParams>,
+    ) -> Result<()> {
+        let shape = |tail: &[usize]| [lead, tail].concat();
+        let Some(q) = quant else {
+            let w = random_bf16(&mut self.rng, &shape(&[rows, cols]), scale)?;
             self.out.tensors.push((format!("{name}.weight"), w));
             return Ok(());
         };
+        let rows_all = rows * lead.iter().product::<usize>();
         let words = cols * q.bits as usize / 32;
-        let codes = Storage::from_vec(random_bytes(&mut self.rng, rows * words * 4));
-        let packed = HostTensor::from_bytes(DType::U32, vec![rows, words], codes)?;
-        let groups = [rows, cols / q.group_size];
+        let codes = Storage::from_vec(random_bytes(&mut self.rng, rows_all * words * 4));
+        let packed = HostTensor::from_bytes(DType::U32, shape(&[rows, words]), codes)?;
+        let groups = shape(&[rows, cols / q.group_size]);
         let step = 2.0 * scale / ((1u32 << q.bits) - 1) as f32;
-        let n = groups[0] * groups[1];
+        let n = rows_all * (cols / q.group_size);
         let t = &mut self.out.tensors;
         t.push((format!("{name}.weight"), packed));
         t.push((
@@ -172,8 +206,10 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
         get("num_key_value_heads"),
         get("vocab_size"),
     );
-    let hd = d / heads;
+    let hd = c["head_dim"].as_u64().map_or(d / heads, |h| h as usize);
+    let moe = crate::spec_for(&c)?.moe;
     let bias = c["model_type"] == "qwen2";
+    let c_qk_norm = c["model_type"] == "qwen3" || c["model_type"] == "qwen3_moe";
     let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false);
     let out = SynthModel {
         config: c,
@@ -199,6 +235,25 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
             }
         }
         b.weight(&format!("{l}.self_attn.o_proj"), d, heads * hd, s)?;
+        if c_qk_norm {
+            b.push(format!("{l}.self_attn.q_norm.weight"), ones(hd)?);
+            b.push(format!("{l}.self_attn.k_norm.weight"), ones(hd)?);
+        }
+        if let Some(m) = moe.as_ref().filter(|m| m.is_sparse(i)) {
+            // mlx-community layout: stacked switch_mlp experts, router gate kept at 8 bits.
+            let (e, f) = (m.experts, m.intermediate);
+            let gate_q = b.quant.map(|_| QuantParams {
+                bits: 8,
+                group_size: 64,
+            });
+            b.stacked_weight(&format!("{l}.mlp.gate"), &[], e, d, s, gate_q)?;
+            let sm = format!("{l}.mlp.switch_mlp");
+            let q = b.quant;
+            b.stacked_weight(&format!("{sm}.gate_proj"), &[e], f, d, s, q)?;
+            b.stacked_weight(&format!("{sm}.up_proj"), &[e], f, d, s, q)?;
+            b.stacked_weight(&format!("{sm}.down_proj"), &[e], d, f, 1.0 / (f as f32).sqrt(), q)?;
+            continue;
+        }
         b.weight(&format!("{l}.mlp.gate_proj"), ff, d, s)?;
         b.weight(&format!("{l}.mlp.up_proj"), ff, d, s)?;
         b.weight(&format!("{l}.mlp.down_proj"), d, ff, 1.0 / (ff as f32).sqrt())?;

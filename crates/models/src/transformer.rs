@@ -6,6 +6,7 @@ use anyhow::Result;
 use mlxcel_core::{DType, GraphBuilder, NodeId};
 
 use crate::layers::{Embedding, Linear, Loader, RmsNorm, Rope};
+use crate::moe::{MoeSpec, SparseMoe};
 
 /// Shape and options of a decoder, from an architecture's config.
 #[derive(Clone, Debug)]
@@ -29,6 +30,8 @@ pub struct DecoderSpec {
     pub mlp_bias: bool,
     /// RMSNorm on each head of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Routed experts in place of the MLP on the layers it selects (Qwen2/3-MoE).
+    pub moe: Option<MoeSpec>,
 }
 
 /// One decode/prefill step's runtime inputs, made by the engine.
@@ -58,17 +61,25 @@ struct Attention {
     k_norm: Option<RmsNorm>,
 }
 
-struct Mlp {
+pub(crate) struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+}
+
+/// A layer's feed-forward block: the gated MLP, or routed experts (one per layer, so the
+/// variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoe),
 }
 
 struct DecoderLayer {
     input_norm: RmsNorm,
     attn: Attention,
     post_attn_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: Ffn,
 }
 
 pub struct Transformer {
@@ -103,10 +114,9 @@ impl Transformer {
                 k_norm: qk_norm("k_norm")?,
             };
             let m = format!("{p}.mlp");
-            let mlp = Mlp {
-                gate: w.linear(&format!("{m}.gate_proj"), d, spec.intermediate, spec.mlp_bias)?,
-                up: w.linear(&format!("{m}.up_proj"), d, spec.intermediate, spec.mlp_bias)?,
-                down: w.linear(&format!("{m}.down_proj"), spec.intermediate, d, spec.mlp_bias)?,
+            let mlp = match &spec.moe {
+                Some(moe) if moe.is_sparse(i) => Ffn::Sparse(SparseMoe::load(w, &m, d, moe)?),
+                _ => Ffn::Dense(Mlp::load(w, &m, d, spec.intermediate, spec.mlp_bias)?),
             };
             layers.push(DecoderLayer {
                 input_norm: w.rms_norm(&format!("{p}.input_layernorm"), d, spec.rms_eps)?,
@@ -161,7 +171,10 @@ impl DecoderLayer {
         let x = b.add(x, a)?;
         let h = self.post_attn_norm.forward(b, x)?;
         let h = b.name(h, "ffn_norm");
-        let m = self.mlp.forward(b, h)?;
+        let m = match &self.mlp {
+            Ffn::Dense(mlp) => mlp.forward(b, h)?,
+            Ffn::Sparse(moe) => moe.forward(b, h)?,
+        };
         let m = b.name(m, "ffn_out");
         Ok(b.add(x, m)?)
     }
@@ -198,8 +211,16 @@ impl Attention {
 }
 
 impl Mlp {
+    pub(crate) fn load(w: &Loader, prefix: &str, d: usize, ff: usize, bias: bool) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: w.linear(&format!("{prefix}.gate_proj"), d, ff, bias)?,
+            up: w.linear(&format!("{prefix}.up_proj"), d, ff, bias)?,
+            down: w.linear(&format!("{prefix}.down_proj"), ff, d, bias)?,
+        })
+    }
+
     /// `down(silu(gate(x)) · up(x))`
-    fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
+    pub(crate) fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
         let g = self.gate.forward(b, x)?;
         let g = b.silu(g)?;
         let u = self.up.forward(b, x)?;

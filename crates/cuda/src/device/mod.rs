@@ -233,7 +233,7 @@ pub fn check_supported(node: &Node) -> Result<()> {
 }
 
 /// Checks that need the graph (operand dtypes and sizes).
-fn check_node(graph: &Graph, node: &Node) -> Result<()> {
+pub fn check_node(graph: &Graph, node: &Node) -> Result<()> {
     check_supported(node)?;
     let input = |k: usize| graph.node(node.inputs[k]);
     let bad = |why: String| {
