@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod from_gguf;
+pub mod gemma;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
@@ -23,7 +24,14 @@ pub use transformer::{DecoderSpec, StepInputs, Transformer};
 type SpecFn = fn(&serde_json::Value) -> Result<DecoderSpec>;
 
 /// Supported `model_type`s and how each reads its config.
-pub const REGISTRY: &[(&str, SpecFn)] = &[("llama", llama::spec), ("qwen2", qwen2::spec), ("qwen3", qwen3::spec)];
+pub const REGISTRY: &[(&str, SpecFn)] = &[
+    ("llama", llama::spec),
+    ("qwen2", qwen2::spec),
+    ("qwen3", qwen3::spec),
+    ("gemma2", gemma::gemma2_spec),
+    ("gemma3_text", gemma::gemma3_text_spec),
+    ("gemma3", gemma::gemma3_spec),
+];
 
 pub fn supported_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()

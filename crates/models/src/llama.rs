@@ -114,6 +114,8 @@ impl LlamaConfig {
             o_bias: self.attention_bias,
             mlp_bias: self.mlp_bias,
             qk_norm: false,
+            f16_fragile: None,
+            options: Default::default(),
         })
     }
 }
