@@ -43,18 +43,18 @@ fn module_name(gguf: &str, arch: &str) -> Option<String> {
         ("gemma3", "post_attention_norm") => "post_attention_layernorm",
         ("gemma3", "post_ffw_norm") => "post_feedforward_layernorm",
         (_, part) => match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "attn_q_norm" => "self_attn.q_norm",
-        "attn_k_norm" => "self_attn.k_norm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
+            "attn_norm" => "input_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            _ => return None,
         },
     };
     Some(format!("model.layers.{layer}.{sub}"))
@@ -136,7 +136,9 @@ fn gemma3_config(f: &GgufFile, c: &mut Value) -> Result<()> {
     c["sliding_window"] = json!(window);
     match f.get("gemma3.attention.sliding_window_pattern") {
         Some(v) => {
-            let per_layer = v.as_array().context("gemma3.attention.sliding_window_pattern must be an array")?;
+            let per_layer = v
+                .as_array()
+                .context("gemma3.attention.sliding_window_pattern must be an array")?;
             let types: Vec<&str> = per_layer
                 .iter()
                 .map(|s| match s.as_bool() {
@@ -148,7 +150,10 @@ fn gemma3_config(f: &GgufFile, c: &mut Value) -> Result<()> {
         }
         None => c["sliding_window_pattern"] = json!(6),
     }
-    let local = f.get("gemma3.rope.freq_base_swa").and_then(|v| v.as_f32()).unwrap_or(10000.0);
+    let local = f
+        .get("gemma3.rope.freq_base_swa")
+        .and_then(|v| v.as_f32())
+        .unwrap_or(10000.0);
     c["rope_local_base_freq"] = json!(local);
     let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
     let heads = c["num_attention_heads"].as_u64().unwrap_or(1).max(1);

@@ -36,7 +36,9 @@ fn required(c: &Value, key: &str) -> Result<f64> {
 /// Which layers use the sliding window: `layer_types` if given, else the family's rule.
 fn sliding_layers(c: &Value, family: Family, layers: usize) -> Result<Vec<bool>> {
     if let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) {
-        let types = types.as_array().context("config.json: \"layer_types\" must be a list")?;
+        let types = types
+            .as_array()
+            .context("config.json: \"layer_types\" must be a list")?;
         ensure!(
             types.len() == layers,
             "config.json: \"layer_types\" lists {} layers but num_hidden_layers is {layers}",
@@ -57,7 +59,10 @@ fn sliding_layers(c: &Value, family: Family, layers: usize) -> Result<Vec<bool>>
         Family::Gemma3 => {
             let n = required(c, "sliding_window_pattern")
                 .context("config.json: gemma3 needs \"layer_types\" or \"sliding_window_pattern\"")?;
-            ensure!(n >= 1.0 && n.fract() == 0.0, "config.json: sliding_window_pattern {n} must be a positive integer");
+            ensure!(
+                n >= 1.0 && n.fract() == 0.0,
+                "config.json: sliding_window_pattern {n} must be a positive integer"
+            );
             let n = n as usize;
             // Every n-th layer is global, the others slide.
             (0..layers).map(|i| (i + 1) % n != 0).collect()
@@ -79,7 +84,11 @@ fn gemma_spec(c: &Value, family: Family, model_type: &str, prefix: &str) -> Resu
     ] {
         required(c, key)?;
     }
-    if let Some(act) = c.get("hidden_activation").or_else(|| c.get("hidden_act")).and_then(|a| a.as_str()) {
+    if let Some(act) = c
+        .get("hidden_activation")
+        .or_else(|| c.get("hidden_act"))
+        .and_then(|a| a.as_str())
+    {
         ensure!(
             matches!(act, "gelu_pytorch_tanh" | "gelu"),
             "config.json: activation {act:?} is not Gemma's GELU (tanh approximation)"
@@ -95,9 +104,11 @@ fn gemma_spec(c: &Value, family: Family, model_type: &str, prefix: &str) -> Resu
 
     let sliding = sliding_layers(c, family, layers)?;
     let windows = if sliding.iter().any(|&s| s) {
-        let w = required(c, "sliding_window")
-            .context("config.json: sliding-window layers need \"sliding_window\"")?;
-        ensure!(w >= 1.0 && w.fract() == 0.0, "config.json: sliding_window {w} must be a positive integer");
+        let w = required(c, "sliding_window").context("config.json: sliding-window layers need \"sliding_window\"")?;
+        ensure!(
+            w >= 1.0 && w.fract() == 0.0,
+            "config.json: sliding_window {w} must be a positive integer"
+        );
         sliding.iter().map(|&s| s.then_some(w as usize)).collect()
     } else {
         Vec::new()
@@ -211,7 +222,12 @@ mod tests {
     #[test]
     fn layer_types_override_the_pattern() {
         let mut c = gemma3_text();
-        c["layer_types"] = json!(["full_attention", "sliding_attention", "full_attention", "full_attention"]);
+        c["layer_types"] = json!([
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+            "full_attention"
+        ]);
         let s = crate::spec_for(&c).unwrap();
         assert_eq!(s.options.windows, [None, Some(8), None, None]);
     }
@@ -235,7 +251,10 @@ mod tests {
         });
         let s = crate::spec_for(&c).unwrap();
         assert_eq!(s.options.windows, [Some(16), None, Some(16)]);
-        assert_eq!((s.options.attn_softcap, s.options.final_softcap), (Some(50.0), Some(30.0)));
+        assert_eq!(
+            (s.options.attn_softcap, s.options.final_softcap),
+            (Some(50.0), Some(30.0))
+        );
         assert!(!s.qk_norm && s.options.local_rope.is_none());
         assert_eq!(s.options.embed_scale, Some(8.0));
     }
@@ -262,11 +281,19 @@ mod tests {
 
         let mut c = gemma3_text();
         c.as_object_mut().unwrap().remove("sliding_window_pattern");
-        assert!(err(&c).contains("\"layer_types\" or \"sliding_window_pattern\""), "{}", err(&c));
+        assert!(
+            err(&c).contains("\"layer_types\" or \"sliding_window_pattern\""),
+            "{}",
+            err(&c)
+        );
 
         let mut c = gemma3_text();
         c["layer_types"] = json!(["full_attention", "sliding_attention"]);
-        assert!(err(&c).contains("lists 2 layers but num_hidden_layers is 4"), "{}", err(&c));
+        assert!(
+            err(&c).contains("lists 2 layers but num_hidden_layers is 4"),
+            "{}",
+            err(&c)
+        );
 
         let mut c = gemma3_text();
         c["layer_types"] = json!(["full_attention", "chunked", "full_attention", "full_attention"]);

@@ -164,7 +164,10 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn unit_offset(self, on: bool) -> RmsNorm {
-        RmsNorm { unit_offset: on, ..self }
+        RmsNorm {
+            unit_offset: on,
+            ..self
+        }
     }
 
     pub fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {

@@ -135,7 +135,8 @@ impl Transformer {
         let (d, hd) = (spec.hidden, spec.head_dim);
         let pre = &spec.options.weight_prefix;
         let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
-            Ok(w.rms_norm(name, dim, spec.rms_eps)?.unit_offset(spec.options.norm_unit_offset))
+            Ok(w.rms_norm(name, dim, spec.rms_eps)?
+                .unit_offset(spec.options.norm_unit_offset))
         };
         let mut layers = Vec::with_capacity(spec.layers);
         for i in 0..spec.layers {
