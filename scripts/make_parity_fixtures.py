@@ -186,6 +186,69 @@ CASES = [
             mlp_only_layers=[1],
         ),
     ),
+    # Gemma: norms are stored as w and used as 1 + w (about 2 here). Tied
+    # embeddings times sqrt(hidden) would make every token predict itself at
+    # the usual 0.15 std, hence embed_std. mlx-lm's gemma2 has no sliding window
+    # (every layer global), so its window is set beyond the 40 positions used;
+    # the soft-caps are small enough to bend the logits.
+    dict(
+        name="gemma2-softcap-bf16",
+        arch="gemma2",
+        seed=606,
+        vocab_size=352,
+        tie=True,
+        head_dim=32,
+        layers=3,
+        embed_std=0.05,
+        gemma=dict(
+            query_pre_attn_scalar=48,
+            attn_logit_softcapping=4.0,
+            final_logit_softcapping=3.0,
+            sliding_window=4096,
+        ),
+        quant=None,
+    ),
+    # Gemma 3: 5 layers, every 3rd global (layers 0, 1, 3, 4 slide), a window
+    # of 6 keys against a 24-token prompt, linear rope_scaling on the global
+    # layers only. The bf16 case also writes the equivalent layer_types.
+    dict(
+        name="gemma3-text-bf16",
+        arch="gemma3_text",
+        seed=707,
+        vocab_size=416,
+        tie=True,
+        head_dim=32,
+        layers=5,
+        embed_std=0.05,
+        gemma=dict(
+            query_pre_attn_scalar=32,
+            sliding_window=6,
+            sliding_window_pattern=3,
+            rope_local_base_freq=100.0,
+            rope_scaling={"factor": 2.0, "rope_type": "linear"},
+            layer_types=True,
+        ),
+        quant=None,
+    ),
+    dict(
+        name="gemma3-text-q4g64",
+        arch="gemma3_text",
+        seed=808,
+        vocab_size=384,
+        tie=True,
+        head_dim=64,
+        layers=5,
+        embed_std=0.05,
+        gemma=dict(
+            query_pre_attn_scalar=48,
+            sliding_window=7,
+            sliding_window_pattern=3,
+            rope_local_base_freq=10000.0,
+            rope_scaling=None,
+            layer_types=False,
+        ),
+        quant=dict(bits=4, group_size=64),
+    ),
 ]
 
 # Special tokens of the llama-bf16 tokenizer, appended at the end of the vocab
@@ -404,6 +467,38 @@ def hf_config(spec: dict, bos_id: int, eos_id) -> dict:
             use_sliding_window=False,
             **spec["moe"],
         )
+    elif arch in ("gemma2", "gemma3_text"):
+        g = spec["gemma"]
+        layers = spec["layers"]
+        base.update(
+            architectures=["Gemma2ForCausalLM" if arch == "gemma2" else "Gemma3ForCausalLM"],
+            attention_bias=False,
+            attention_dropout=0.0,
+            head_dim=spec["head_dim"],
+            hidden_act="gelu_pytorch_tanh",
+            hidden_activation="gelu_pytorch_tanh",
+            num_hidden_layers=layers,
+            query_pre_attn_scalar=g["query_pre_attn_scalar"],
+            rms_norm_eps=1e-6,
+            sliding_window=g["sliding_window"],
+        )
+        if arch == "gemma2":
+            base.update(
+                attn_logit_softcapping=g["attn_logit_softcapping"],
+                final_logit_softcapping=g["final_logit_softcapping"],
+            )
+        else:
+            n = g["sliding_window_pattern"]
+            base.update(
+                rope_local_base_freq=g["rope_local_base_freq"],
+                rope_scaling=copy.deepcopy(g["rope_scaling"]),
+                sliding_window_pattern=n,
+            )
+            if g["layer_types"]:
+                base["layer_types"] = [
+                    "full_attention" if (i + 1) % n == 0 else "sliding_attention"
+                    for i in range(layers)
+                ]
     else:
         raise ValueError(arch)
     return dict(sorted(base.items()))
@@ -414,7 +509,9 @@ def is_norm_param(name: str) -> bool:
     return name.endswith("norm.weight")
 
 
-def init_random_weights(model, seed: int, linear_std: float) -> None:
+def init_random_weights(
+    model, seed: int, linear_std: float, norm_center: float = 1.0, embed_std: float = 0.15
+) -> None:
     """Replace every parameter by seeded random values (float32)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
@@ -424,11 +521,11 @@ def init_random_weights(model, seed: int, linear_std: float) -> None:
         key = mx.random.key(zlib.crc32(f"{seed}/{name}".encode()))
         noise = mx.random.normal(p.shape, dtype=mx.float32, key=key)
         if is_norm_param(name):
-            value = 1.0 + 0.15 * noise
+            value = norm_center + 0.15 * noise
         elif name.endswith(".bias"):
             value = 0.1 * noise
         elif "embed_tokens" in name or "lm_head" in name:
-            value = 0.15 * noise
+            value = embed_std * noise
         else:
             value = linear_std * noise
         new.append((name, value))
@@ -556,7 +653,17 @@ def write_checkpoint(spec: dict, case_dir: Path, weight_seed: int) -> dict:
 
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    init_random_weights(model, weight_seed, spec.get("linear_std", LINEAR_STD))
+    if spec["arch"] == "gemma3_text" and spec["tie"]:
+        # mlx-lm's gemma3_text ties by the absence of lm_head (its sanitize).
+        model.pop("lm_head")
+        model.tie_word_embeddings = True
+    init_random_weights(
+        model,
+        weight_seed,
+        spec.get("linear_std", LINEAR_STD),
+        spec.get("norm_center", 1.0),
+        spec.get("embed_std", 0.15),
+    )
     cast_like_convert(model, spec.get("norms_f32", False))
 
     q = spec.get("quant")
@@ -848,6 +955,10 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
     non-traditional (rotate-half) RoPE with inv_freq = 1 / theta^(2i/d) and
     the llama3 rule of mlx_lm.models.rope_utils.Llama3RoPE; GQA; qwen3 q/k
     RMSNorm per head before RoPE; tied embeddings as the output head.
+    Gemma 2/3 from transformers' definitions: 1 + w RMSNorms, embeddings
+    times sqrt(hidden) (bf16-rounded for Gemma 3), norms after attention and
+    around the MLP, GELU-tanh, query_pre_attn_scalar, soft-caps, sliding
+    windows by layer with Gemma 3's local RoPE base, linear rope_scaling.
     """
     import math
 
@@ -875,40 +986,81 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
         deq = q.astype(np.float32) * scales[..., None] + biases[..., None]
         return deq.reshape(*packed.shape[:-1], -1)
 
+    gemma = cfg["model_type"] in ("gemma2", "gemma3_text")
+
     def rms_norm(x, g):
         eps = cfg["rms_norm_eps"]
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * g
+        scale = 1.0 + g if gemma else g  # Gemma stores w and scales by 1 + w
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
 
     n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg["hidden_size"] // n_heads
     if cfg["model_type"] != "qwen2":  # mlx-lm's qwen2 ignores head_dim
         head_dim = cfg.get("head_dim") or head_dim
-    periods = cfg["rope_theta"] ** (
-        np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
-    )
-    rs = cfg.get("rope_scaling")
-    if rs and (rs.get("type") or rs.get("rope_type")) == "llama3":
-        f, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-        old = rs["original_max_position_embeddings"]
-        wavelen = 2 * math.pi * periods
-        scaled = np.where(wavelen > old / lo, periods * f, periods)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        medium = (wavelen > old / hi) & (wavelen < old / lo)
-        periods = np.where(medium, scaled / ((1 - smooth) / f + smooth), scaled)
-    elif rs:
-        raise ValueError(rs)
     t = len(tokens)
-    angles = np.arange(t, dtype=np.float32)[:, None] / periods[None, :]
-    cos, sin = np.cos(angles), np.sin(angles)
 
-    def rope(x):  # (heads, t, head_dim)
+    def rope_tables(theta, rs):
+        periods = theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+        pos = np.arange(t, dtype=np.float32)
+        kind = rs and (rs.get("type") or rs.get("rope_type"))
+        if kind == "llama3":
+            f, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old = rs["original_max_position_embeddings"]
+            wavelen = 2 * math.pi * periods
+            scaled = np.where(wavelen > old / lo, periods * f, periods)
+            smooth = (old / wavelen - lo) / (hi - lo)
+            medium = (wavelen > old / hi) & (wavelen < old / lo)
+            periods = np.where(medium, scaled / ((1 - smooth) / f + smooth), scaled)
+        elif kind == "linear":
+            pos = pos / np.float32(rs["factor"])
+        elif rs:
+            raise ValueError(rs)
+        angles = pos[:, None] / periods[None, :]
+        return np.cos(angles), np.sin(angles)
+
+    global_rope = rope_tables(cfg["rope_theta"], cfg.get("rope_scaling"))
+    # Gemma 3: sliding layers use rope_local_base_freq and no scaling. Which
+    # layers slide: transformers' rules (layer_types, else every
+    # sliding_window_pattern-th layer is global; Gemma 2: even layers slide).
+    local_rope = global_rope
+    n_layers = cfg["num_hidden_layers"]
+    sliding = [False] * n_layers
+    if cfg["model_type"] == "gemma3_text":
+        local_rope = rope_tables(cfg["rope_local_base_freq"], None)
+        if "layer_types" in cfg:
+            sliding = [lt == "sliding_attention" for lt in cfg["layer_types"]]
+        else:
+            n = cfg["sliding_window_pattern"]
+            sliding = [(i + 1) % n != 0 for i in range(n_layers)]
+    elif cfg["model_type"] == "gemma2":
+        sliding = [i % 2 == 0 for i in range(n_layers)]
+
+    def rope(x, tables):  # (heads, t, head_dim)
+        cos, sin = tables
         x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2 :]
         return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
 
+    def bf16_round(v: float) -> float:
+        bits = int(np.array(v, dtype=np.float32).view(np.uint32))
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+    def gelu_tanh(x):
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
     embed = weight("model.embed_tokens")
     x = embed[np.array(tokens)]
-    causal = np.triu(np.full((t, t), -np.inf, dtype=np.float32), 1)
-    for layer in range(cfg["num_hidden_layers"]):
+    if gemma:
+        scale = np.float32(cfg["hidden_size"] ** 0.5)
+        if cfg["model_type"] == "gemma3_text":
+            scale = np.float32(bf16_round(float(scale)))
+        x = x * scale
+    i_idx = np.arange(t)[:, None]
+    j_idx = np.arange(t)[None, :]
+    causal = np.where(j_idx <= i_idx, 0.0, -np.inf).astype(np.float32)
+    attn_scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else head_dim**-0.5
+    softcap = cfg.get("attn_logit_softcapping")
+    for layer in range(n_layers):
         p = f"model.layers.{layer}."
         h = rms_norm(x, arr(p + "input_layernorm.weight"))
 
@@ -924,14 +1076,31 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
         if p + "self_attn.q_norm.weight" in w:
             q = rms_norm(q, arr(p + "self_attn.q_norm.weight"))
             k = rms_norm(k, arr(p + "self_attn.k_norm.weight"))
-        q, k = rope(q), rope(k)
+        tables = local_rope if sliding[layer] else global_rope
+        q, k = rope(q, tables), rope(k, tables)
         k = np.repeat(k, n_heads // n_kv, 0)
         v = np.repeat(v, n_heads // n_kv, 0)
-        s = q @ k.transpose(0, 2, 1) * head_dim**-0.5 + causal
+        s = q @ k.transpose(0, 2, 1) * attn_scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        mask = causal
+        if sliding[layer]:
+            # query i sees keys i - window + 1 ..= i
+            mask = np.where(i_idx - j_idx < cfg["sliding_window"], causal, -np.inf)
+        s = s + mask
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = (s @ v).transpose(1, 0, 2).reshape(t, n_heads * head_dim)
-        x = x + o @ weight(p + "self_attn.o_proj").T
+        o = o @ weight(p + "self_attn.o_proj").T
+        if gemma:
+            x = x + rms_norm(o, arr(p + "post_attention_layernorm.weight"))
+            h = rms_norm(x, arr(p + "pre_feedforward_layernorm.weight"))
+            g = h @ weight(p + "mlp.gate_proj").T
+            u = h @ weight(p + "mlp.up_proj").T
+            m = (gelu_tanh(g) * u) @ weight(p + "mlp.down_proj").T
+            x = x + rms_norm(m, arr(p + "post_feedforward_layernorm.weight"))
+            continue
+        x = x + o
         h = rms_norm(x, arr(p + "post_attention_layernorm.weight"))
         if p + "mlp.gate.weight" in w:
             x = x + numpy_sparse_moe(cfg, h, lambda n: weight(p + "mlp." + n))
@@ -941,7 +1110,11 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
         x = x + (g / (1 + np.exp(-g)) * u) @ weight(p + "mlp.down_proj").T
     x = rms_norm(x, arr("model.norm.weight"))
     head = weight("lm_head") if "lm_head.weight" in w else embed
-    return (x @ head.T).astype(np.float64)
+    logits = x @ head.T
+    cap = cfg.get("final_logit_softcapping")
+    if cap:
+        logits = cap * np.tanh(logits / cap)
+    return logits.astype(np.float64)
 
 
 def numpy_sparse_moe(cfg: dict, h, weight):

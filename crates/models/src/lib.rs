@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod from_gguf;
+pub mod gemma;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
@@ -32,6 +33,9 @@ pub const REGISTRY: &[(&str, SpecFn)] = &[
     ("qwen3", qwen3::spec),
     ("qwen2_moe", qwen2_moe::spec),
     ("qwen3_moe", qwen3_moe::spec),
+    ("gemma2", gemma::gemma2_spec),
+    ("gemma3_text", gemma::gemma3_text_spec),
+    ("gemma3", gemma::gemma3_spec),
 ];
 
 pub fn supported_types() -> Vec<&'static str> {

@@ -115,6 +115,8 @@ impl LlamaConfig {
             mlp_bias: self.mlp_bias,
             qk_norm: false,
             moe: None,
+            f16_fragile: None,
+            options: Default::default(),
         })
     }
 }

@@ -55,7 +55,26 @@ fn qwen3_30b_a3b() -> Value {
     })
 }
 
+/// google/gemma-3-1b-it's config.json (text only).
+fn gemma3_1b() -> Value {
+    json!({
+        "model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "intermediate_size": 6912,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+        "max_position_embeddings": 32768, "tie_word_embeddings": true
+    })
+}
+
 pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "gemma3-1b-4bit",
+        config: gemma3_1b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
+        }),
+    },
     Preset {
         name: "llama-3.1-8b-4bit",
         config: llama_3_1_8b,
@@ -210,6 +229,7 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
     let moe = crate::spec_for(&c)?.moe;
     let bias = c["model_type"] == "qwen2";
     let c_qk_norm = c["model_type"] == "qwen3" || c["model_type"] == "qwen3_moe";
+    let gemma = c["model_type"] == "gemma3_text";
     let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false);
     let out = SynthModel {
         config: c,
@@ -227,6 +247,12 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
         let l = format!("model.layers.{i}");
         b.push(format!("{l}.input_layernorm.weight"), ones(d)?);
         b.push(format!("{l}.post_attention_layernorm.weight"), ones(d)?);
+        if gemma {
+            b.push(format!("{l}.pre_feedforward_layernorm.weight"), ones(d)?);
+            b.push(format!("{l}.post_feedforward_layernorm.weight"), ones(d)?);
+            b.push(format!("{l}.self_attn.q_norm.weight"), ones(hd)?);
+            b.push(format!("{l}.self_attn.k_norm.weight"), ones(hd)?);
+        }
         for (proj, rows) in [("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)] {
             b.weight(&format!("{l}.self_attn.{proj}"), rows, d, s)?;
             if bias {
@@ -286,6 +312,8 @@ mod tests {
             let m = load(p, 1).unwrap();
             assert_eq!(m.spec.layers, 30);
         }
+        let spec = crate::spec_for(&(preset("gemma3-1b-4bit").unwrap().config)()).unwrap();
+        assert_eq!((spec.head_dim, spec.window(0), spec.window(5)), (256, Some(512), None));
         let Err(e) = preset("nope") else {
             panic!("an unknown preset must fail")
         };

@@ -1,9 +1,11 @@
 //! The pre-norm decoder every supported architecture is a configuration of: token embedding,
 //! `layers × (RMSNorm → attention → residual, RMSNorm → gated MLP → residual)`, final norm,
-//! output head. Architectures differ in a `DecoderSpec` and in which tensors exist.
+//! output head. Architectures differ in a `DecoderSpec` and in which tensors exist; Gemma's
+//! deltas (sandwich norms, `1 + w` norms, GELU, soft-capping, sliding windows) are
+//! `DecoderOptions`.
 
 use anyhow::Result;
-use mlxcel_core::{DType, GraphBuilder, NodeId};
+use mlxcel_core::{DType, GraphBuilder, NodeId, UnaryOp};
 
 use crate::layers::{Embedding, Linear, Loader, RmsNorm, Rope};
 use crate::moe::{MoeSpec, SparseMoe};
@@ -32,6 +34,51 @@ pub struct DecoderSpec {
     pub qk_norm: bool,
     /// Routed experts in place of the MLP on the layers it selects (Qwen2/3-MoE).
     pub moe: Option<MoeSpec>,
+    /// Why f16 activations are unsafe for this model (`--dtype auto` then avoids f16).
+    pub f16_fragile: Option<&'static str>,
+    /// What differs from the Llama decoder (Gemma); `Default` is Llama.
+    pub options: DecoderOptions,
+}
+
+/// The gate activation of the MLP: `down(act(gate(x)) · up(x))`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Activation {
+    #[default]
+    Silu,
+    GeluTanh,
+}
+
+/// Decoder options beyond Llama's, all off by default (Gemma 2/3 turn them on).
+#[derive(Clone, Debug, Default)]
+pub struct DecoderOptions {
+    /// Before `model.` and `lm_head` in tensor names (`language_model.` in Gemma 3 multimodal
+    /// checkpoints).
+    pub weight_prefix: String,
+    /// Every RMSNorm scales by `1 + w`.
+    pub norm_unit_offset: bool,
+    /// Embeddings are multiplied by this, first rounded to the activation dtype.
+    pub embed_scale: Option<f32>,
+    /// `post_attention_layernorm` normalizes the attention output before the residual add,
+    /// and `pre_feedforward_layernorm` / `post_feedforward_layernorm` wrap the MLP likewise.
+    pub sandwich_norms: bool,
+    pub activation: Activation,
+    /// Attention logit scale in place of `1/√head_dim`.
+    pub attn_scale: Option<f32>,
+    /// `cap · tanh(s / cap)` on attention logits.
+    pub attn_softcap: Option<f32>,
+    /// `cap · tanh(z / cap)` on output logits.
+    pub final_softcap: Option<f32>,
+    /// Sliding window per layer (`None`: global); empty means every layer is global.
+    pub windows: Vec<Option<usize>>,
+    /// RoPE of the sliding-window layers when it differs from `rope`.
+    pub local_rope: Option<Rope>,
+}
+
+impl DecoderSpec {
+    /// Layer `i`'s sliding window, if it has one.
+    pub fn window(&self, i: usize) -> Option<usize> {
+        self.options.windows.get(i).copied().flatten()
+    }
 }
 
 /// One decode/prefill step's runtime inputs, made by the engine.
@@ -65,6 +112,7 @@ pub(crate) struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    activation: Activation,
 }
 
 /// A layer's feed-forward block: the gated MLP, or routed experts (one per layer, so the
@@ -79,6 +127,8 @@ struct DecoderLayer {
     input_norm: RmsNorm,
     attn: Attention,
     post_attn_norm: RmsNorm,
+    /// With sandwich norms: `pre_feedforward_layernorm`, `post_feedforward_layernorm`.
+    ffn_norms: Option<(RmsNorm, RmsNorm)>,
     mlp: Ffn,
 }
 
@@ -94,13 +144,18 @@ impl Transformer {
     /// Loads the standard `model.*` / `lm_head` tensor names.
     pub fn load(spec: DecoderSpec, w: &Loader) -> Result<Transformer> {
         let (d, hd) = (spec.hidden, spec.head_dim);
+        let pre = &spec.options.weight_prefix;
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
+            Ok(w.rms_norm(name, dim, spec.rms_eps)?
+                .unit_offset(spec.options.norm_unit_offset))
+        };
         let mut layers = Vec::with_capacity(spec.layers);
         for i in 0..spec.layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{pre}model.layers.{i}");
             let a = format!("{p}.self_attn");
             let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
                 Ok(if spec.qk_norm {
-                    Some(w.rms_norm(&format!("{a}.{n}"), hd, spec.rms_eps)?)
+                    Some(norm(&format!("{a}.{n}"), hd)?)
                 } else {
                     None
                 })
@@ -116,25 +171,35 @@ impl Transformer {
             let m = format!("{p}.mlp");
             let mlp = match &spec.moe {
                 Some(moe) if moe.is_sparse(i) => Ffn::Sparse(SparseMoe::load(w, &m, d, moe)?),
-                _ => Ffn::Dense(Mlp::load(w, &m, d, spec.intermediate, spec.mlp_bias)?),
+                _ => Ffn::Dense(Mlp::load(w, &m, d, spec.intermediate, spec.mlp_bias, spec.options.activation)?),
+            };
+            let ffn_norms = if spec.options.sandwich_norms {
+                Some((
+                    norm(&format!("{p}.pre_feedforward_layernorm"), d)?,
+                    norm(&format!("{p}.post_feedforward_layernorm"), d)?,
+                ))
+            } else {
+                None
             };
             layers.push(DecoderLayer {
-                input_norm: w.rms_norm(&format!("{p}.input_layernorm"), d, spec.rms_eps)?,
+                input_norm: norm(&format!("{p}.input_layernorm"), d)?,
                 attn,
-                post_attn_norm: w.rms_norm(&format!("{p}.post_attention_layernorm"), d, spec.rms_eps)?,
+                post_attn_norm: norm(&format!("{p}.post_attention_layernorm"), d)?,
+                ffn_norms,
                 mlp,
             });
         }
         // Tied models may still carry an lm_head (some converters write it); use it if present.
-        let lm_head = if !spec.tie_embeddings || w.checkpoint.contains("lm_head.weight") {
-            Some(w.linear("lm_head", d, spec.vocab, false)?)
+        let head = format!("{pre}lm_head");
+        let lm_head = if !spec.tie_embeddings || w.checkpoint.contains(&format!("{head}.weight")) {
+            Some(w.linear(&head, d, spec.vocab, false)?)
         } else {
             None
         };
         Ok(Transformer {
-            embed: w.embedding("model.embed_tokens", spec.vocab, d)?,
+            embed: w.embedding(&format!("{pre}model.embed_tokens"), spec.vocab, d)?,
             layers,
-            norm: w.rms_norm("model.norm", d, spec.rms_eps)?,
+            norm: norm(&format!("{pre}model.norm"), d)?,
             lm_head,
             spec,
         })
@@ -144,6 +209,9 @@ impl Transformer {
     /// into the `layers.{i}.{k,v}_cache` states.
     pub fn forward(&self, b: &mut GraphBuilder, s: &StepInputs) -> Result<NodeId> {
         let mut x = self.embed.lookup(b, s.tokens, s.dtype)?;
+        if let Some(scale) = self.spec.options.embed_scale {
+            x = b.mul_scalar(x, scale)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             b.set_layer(Some(i as u32));
             x = layer.forward(b, &self.spec, i, x, s)?;
@@ -158,6 +226,10 @@ impl Transformer {
             Some(head) => head.forward(b, h)?,
             None => self.embed.as_linear(b, h)?,
         };
+        let logits = match self.spec.options.final_softcap {
+            Some(cap) => b.unary(UnaryOp::Softcap(cap), logits)?,
+            None => logits,
+        };
         Ok(b.name(logits, "logits"))
     }
 }
@@ -168,13 +240,21 @@ impl DecoderLayer {
         let h = b.name(h, "attn_norm");
         let a = self.attn.forward(b, spec, i, h, s)?;
         let a = b.name(a, "attn_out");
-        let x = b.add(x, a)?;
-        let h = self.post_attn_norm.forward(b, x)?;
-        let h = b.name(h, "ffn_norm");
-        let m = match &self.mlp {
-            Ffn::Dense(mlp) => mlp.forward(b, h)?,
-            Ffn::Sparse(moe) => moe.forward(b, h)?,
+        let Some((pre_ffn, post_ffn)) = &self.ffn_norms else {
+            let x = b.add(x, a)?;
+            let h = self.post_attn_norm.forward(b, x)?;
+            let h = b.name(h, "ffn_norm");
+            let m = self.mlp.forward(b, h)?;
+            let m = b.name(m, "ffn_out");
+            return Ok(b.add(x, m)?);
         };
+        // Sandwich norms (Gemma): each sublayer's output is normalized before the residual add.
+        let a = self.post_attn_norm.forward(b, a)?;
+        let x = b.add(x, a)?;
+        let h = pre_ffn.forward(b, x)?;
+        let h = b.name(h, "ffn_norm");
+        let m = self.mlp.forward(b, h)?;
+        let m = post_ffn.forward(b, m)?;
         let m = b.name(m, "ffn_out");
         Ok(b.add(x, m)?)
     }
@@ -195,34 +275,53 @@ impl Attention {
         let q = heads(b, &self.q, spec.heads, &self.q_norm)?;
         let k = heads(b, &self.k, spec.kv_heads, &self.k_norm)?;
         let v = heads(b, &self.v, spec.kv_heads, &None)?;
-        let q = spec.rope.forward(b, q, s.positions)?;
-        let k = spec.rope.forward(b, k, s.positions)?;
+        let window = spec.window(i);
+        let rope = match (window, &spec.options.local_rope) {
+            (Some(_), Some(local)) => local,
+            _ => &spec.rope,
+        };
+        let q = rope.forward(b, q, s.positions)?;
+        let k = rope.forward(b, k, s.positions)?;
         let cache = [1, spec.kv_heads, s.capacity, hd];
         let kc = b.state(&format!("layers.{i}.k_cache"), s.dtype, &cache);
         let vc = b.state(&format!("layers.{i}.v_cache"), s.dtype, &cache);
         let kc = b.kv_write(kc, k, s.offset)?;
         let vc = b.kv_write(vc, v, s.offset)?;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let o = b.attention(q, kc, vc, s.kv_len, scale, true, None, None)?;
+        let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        let softcap = spec.options.attn_softcap;
+        let o = b.attention(q, kc, vc, s.kv_len, scale, true, window, softcap)?;
         let o = b.swap_axes(o, 1, 2)?;
         let o = b.reshape(o, &[1, t, spec.heads * hd])?;
         self.o.forward(b, o)
     }
 }
 
+impl Ffn {
+    fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(b, x),
+            Ffn::Sparse(moe) => moe.forward(b, x),
+        }
+    }
+}
+
 impl Mlp {
-    pub(crate) fn load(w: &Loader, prefix: &str, d: usize, ff: usize, bias: bool) -> Result<Mlp> {
+    pub(crate) fn load(w: &Loader, prefix: &str, d: usize, ff: usize, bias: bool, activation: Activation) -> Result<Mlp> {
         Ok(Mlp {
             gate: w.linear(&format!("{prefix}.gate_proj"), d, ff, bias)?,
             up: w.linear(&format!("{prefix}.up_proj"), d, ff, bias)?,
             down: w.linear(&format!("{prefix}.down_proj"), ff, d, bias)?,
+            activation,
         })
     }
 
-    /// `down(silu(gate(x)) · up(x))`
+    /// `down(act(gate(x)) · up(x))`
     pub(crate) fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
         let g = self.gate.forward(b, x)?;
-        let g = b.silu(g)?;
+        let g = match self.activation {
+            Activation::Silu => b.silu(g)?,
+            Activation::GeluTanh => b.unary(UnaryOp::GeluTanh, g)?,
+        };
         let u = self.up.forward(b, x)?;
         let h = b.mul(g, u)?;
         self.down.forward(b, h)
