@@ -51,6 +51,41 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Prefill and decode speed, on a model or on random weights in a preset's shape.
     Bench(BenchArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streaming, batching).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every API request.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Sequences decoded together per step.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_size: usize,
+    /// KV cache size in tokens, shared by all sequences [default: batch × context, at most 65536]
+    #[arg(long)]
+    pub max_kv_tokens: Option<usize>,
+    /// Largest prompt + completion per request; default: the model's maximum.
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Requests running or waiting before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Prompt tokens per prefill step (rounded down to whole KV blocks).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Largest request body.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
 }
 
 #[derive(Args)]

@@ -6,6 +6,7 @@ mod convert;
 mod demo;
 mod generate;
 mod progress;
+mod serve;
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -44,6 +45,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::command(&cli.global, args),
         Command::Convert(args) => convert::command(args),
         Command::Bench(args) => bench::command(&cli.global, args),
+        Command::Serve(args) => serve::command(&cli.global, args),
     }
 }
 

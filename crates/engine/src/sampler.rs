@@ -166,3 +166,78 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
         },
     ))
 }
+
+/// The draw of [`build`] on the host, for batches whose rows sample differently: top-p on the
+/// raw logits, then temperature and Gumbel-max with the noise of row 0, so a request draws the
+/// same tokens whichever batch row it sits in. Only temperature and top-p are applied.
+pub fn sample_host(logits: &[f32], temperature: f32, top_p: f32, seed: u64, counter: u32) -> u32 {
+    let mut l = logits.to_vec();
+    if top_p < 1.0 {
+        let mut order: Vec<usize> = (0..l.len()).collect();
+        order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+        let top = l[order[0]];
+        let total: f32 = l.iter().map(|x| (x - top).exp()).sum();
+        let (mut before, mut threshold) = (0.0f32, top);
+        for &j in &order {
+            if before >= top_p {
+                break;
+            }
+            threshold = l[j];
+            before += (l[j] - top).exp() / total;
+        }
+        l.iter_mut()
+            .filter(|x| **x < threshold)
+            .for_each(|x| *x = f32::NEG_INFINITY);
+    }
+    if temperature == 0.0 {
+        return argmax(&l);
+    }
+    for (c, x) in l.iter_mut().enumerate() {
+        *x = *x / temperature + mlxcel_core::rng::gumbel(seed, counter, 0, c as u32);
+    }
+    argmax(&l)
+}
+
+/// Index of the first maximum.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+
+    #[test]
+    fn greedy_is_the_first_maximum() {
+        assert_eq!(sample_host(&[1.0, 3.0, 3.0, -1.0], 0.0, 1.0, 0, 0), 1);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+        // softmax(ln [0.5, 0.3, 0.15, 0.05]): top-p 0.7 keeps tokens 0 and 1 only.
+        let l: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        let mut seen = [0usize; 4];
+        for counter in 0..2000 {
+            seen[sample_host(&l, 1.0, 0.7, 9, counter) as usize] += 1;
+        }
+        assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
+        // 0.5 / 0.8 of the kept mass, roughly.
+        assert!((1100..1400).contains(&seen[0]), "{seen:?}");
+    }
+
+    #[test]
+    fn draws_follow_the_distribution_and_replay_from_the_seed() {
+        let l: Vec<f32> = [0.6f32, 0.4].iter().map(|p| p.ln()).collect();
+        let a: Vec<u32> = (0..3000).map(|c| sample_host(&l, 1.0, 1.0, 5, c)).collect();
+        let b: Vec<u32> = (0..3000).map(|c| sample_host(&l, 1.0, 1.0, 5, c)).collect();
+        assert_eq!(a, b);
+        let ones = a.iter().filter(|&&t| t == 1).count();
+        assert!((1050..1350).contains(&ones), "{ones}");
+    }
+}

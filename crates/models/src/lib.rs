@@ -22,7 +22,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-pub use transformer::{DecoderSpec, StepInputs, Transformer};
+pub use transformer::{DecoderSpec, PagedStep, StepInputs, Transformer};
 
 type SpecFn = fn(&serde_json::Value) -> Result<DecoderSpec>;
 

@@ -10,6 +10,9 @@ use mlxcel_core::{DType, GraphBuilder, NodeId, UnaryOp};
 use crate::layers::{Embedding, Linear, Loader, RmsNorm, Rope};
 use crate::moe::{MoeSpec, SparseMoe};
 
+mod paged;
+pub use paged::PagedStep;
+
 /// Shape and options of a decoder, from an architecture's config.
 #[derive(Clone, Debug)]
 pub struct DecoderSpec {
@@ -208,18 +211,34 @@ impl Transformer {
     /// Logits `[1, T', vocab]` (T' = 1 with `last_only`), writing this step's keys and values
     /// into the `layers.{i}.{k,v}_cache` states.
     pub fn forward(&self, b: &mut GraphBuilder, s: &StepInputs) -> Result<NodeId> {
-        let mut x = self.embed.lookup(b, s.tokens, s.dtype)?;
+        let last = s.last_only.then_some(s.tokens_len);
+        self.decode(b, s.tokens, s.dtype, last, |b, i, attn, h| {
+            attn.forward(b, &self.spec, i, h, s)
+        })
+    }
+
+    /// Embedding → layers (attention by `attend(b, layer, attn, x)`) → norm → head; with
+    /// `last_of = Some(T)` only position `T - 1` of each row reaches the head.
+    fn decode(
+        &self,
+        b: &mut GraphBuilder,
+        tokens: NodeId,
+        dtype: DType,
+        last_of: Option<usize>,
+        attend: impl Fn(&mut GraphBuilder, usize, &Attention, NodeId) -> Result<NodeId>,
+    ) -> Result<NodeId> {
+        let mut x = self.embed.lookup(b, tokens, dtype)?;
         if let Some(scale) = self.spec.options.embed_scale {
             x = b.mul_scalar(x, scale)?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
             b.set_layer(Some(i as u32));
-            x = layer.forward(b, &self.spec, i, x, s)?;
+            x = layer.forward(b, x, |b, h| attend(b, i, &layer.attn, h))?;
             b.name(x, "residual");
         }
         b.set_layer(None);
-        if s.last_only && s.tokens_len > 1 {
-            x = b.slice_axis(x, 1, s.tokens_len - 1, s.tokens_len)?;
+        if let Some(t) = last_of.filter(|&t| t > 1) {
+            x = b.slice_axis(x, 1, t - 1, t)?;
         }
         let h = self.norm.forward(b, x)?;
         let logits = match &self.lm_head {
@@ -235,10 +254,15 @@ impl Transformer {
 }
 
 impl DecoderLayer {
-    fn forward(&self, b: &mut GraphBuilder, spec: &DecoderSpec, i: usize, x: NodeId, s: &StepInputs) -> Result<NodeId> {
+    fn forward(
+        &self,
+        b: &mut GraphBuilder,
+        x: NodeId,
+        attend: impl FnOnce(&mut GraphBuilder, NodeId) -> Result<NodeId>,
+    ) -> Result<NodeId> {
         let h = self.input_norm.forward(b, x)?;
         let h = b.name(h, "attn_norm");
-        let a = self.attn.forward(b, spec, i, h, s)?;
+        let a = attend(b, h)?;
         let a = b.name(a, "attn_out");
         let Some((pre_ffn, post_ffn)) = &self.ffn_norms else {
             let x = b.add(x, a)?;
@@ -261,12 +285,20 @@ impl DecoderLayer {
 }
 
 impl Attention {
-    fn forward(&self, b: &mut GraphBuilder, spec: &DecoderSpec, i: usize, x: NodeId, s: &StepInputs) -> Result<NodeId> {
-        let (t, hd) = (s.tokens_len, spec.head_dim);
-        // [1, T, H·hd] → [1, T, H, hd] (→ per-head norm) → [1, H, T, hd]
+    /// `x [B, T, hidden]` → q `[B, Hq, T, hd]`, k and v `[B, Hkv, T, hd]`, RoPE at `positions`.
+    fn qkv(
+        &self,
+        b: &mut GraphBuilder,
+        spec: &DecoderSpec,
+        i: usize,
+        x: NodeId,
+        positions: NodeId,
+    ) -> Result<[NodeId; 3]> {
+        let (batch, t, hd) = (b.shape(x)[0], b.shape(x)[1], spec.head_dim);
+        // [B, T, H·hd] → [B, T, H, hd] (→ per-head norm) → [B, H, T, hd]
         let heads = |b: &mut GraphBuilder, proj: &Linear, n: usize, norm: &Option<RmsNorm>| -> Result<NodeId> {
             let y = proj.forward(b, x)?;
-            let mut y = b.reshape(y, &[1, t, n, hd])?;
+            let mut y = b.reshape(y, &[batch, t, n, hd])?;
             if let Some(norm) = norm {
                 y = norm.forward(b, y)?;
             }
@@ -275,24 +307,34 @@ impl Attention {
         let q = heads(b, &self.q, spec.heads, &self.q_norm)?;
         let k = heads(b, &self.k, spec.kv_heads, &self.k_norm)?;
         let v = heads(b, &self.v, spec.kv_heads, &None)?;
-        let window = spec.window(i);
-        let rope = match (window, &spec.options.local_rope) {
+        let rope = match (spec.window(i), &spec.options.local_rope) {
             (Some(_), Some(local)) => local,
             _ => &spec.rope,
         };
-        let q = rope.forward(b, q, s.positions)?;
-        let k = rope.forward(b, k, s.positions)?;
+        let q = rope.forward(b, q, positions)?;
+        let k = rope.forward(b, k, positions)?;
+        Ok([q, k, v])
+    }
+
+    /// `o [B, Hq, T, hd]` → `[B, T, hidden]`.
+    fn project_out(&self, b: &mut GraphBuilder, spec: &DecoderSpec, o: NodeId) -> Result<NodeId> {
+        let (batch, t) = (b.shape(o)[0], b.shape(o)[2]);
+        let o = b.swap_axes(o, 1, 2)?;
+        let o = b.reshape(o, &[batch, t, spec.heads * spec.head_dim])?;
+        self.o.forward(b, o)
+    }
+
+    fn forward(&self, b: &mut GraphBuilder, spec: &DecoderSpec, i: usize, x: NodeId, s: &StepInputs) -> Result<NodeId> {
+        let hd = spec.head_dim;
+        let [q, k, v] = self.qkv(b, spec, i, x, s.positions)?;
         let cache = [1, spec.kv_heads, s.capacity, hd];
         let kc = b.state(&format!("layers.{i}.k_cache"), s.dtype, &cache);
         let vc = b.state(&format!("layers.{i}.v_cache"), s.dtype, &cache);
         let kc = b.kv_write(kc, k, s.offset)?;
         let vc = b.kv_write(vc, v, s.offset)?;
         let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
-        let softcap = spec.options.attn_softcap;
-        let o = b.attention(q, kc, vc, s.kv_len, scale, true, window, softcap)?;
-        let o = b.swap_axes(o, 1, 2)?;
-        let o = b.reshape(o, &[1, t, spec.heads * hd])?;
-        self.o.forward(b, o)
+        let o = b.attention(q, kc, vc, s.kv_len, scale, true, spec.window(i), spec.options.attn_softcap)?;
+        self.project_out(b, spec, o)
     }
 }
 

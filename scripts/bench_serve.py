@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Throughput of a running `mlxcel serve` (standard library only).
+
+For each concurrency level, N clients stream /v1/completions at once, each with a prompt of
+--prompt random token ids and --max-tokens output tokens (ignore_eos, greedy). Reports
+aggregate output tok/s (all tokens / wall time) and per-stream decode tok/s (tokens after the
+first / time from first to last token), min and median.
+
+    mlxcel serve -m models/llama-3.1-8b-4bit --port 8080 &
+    python3 scripts/bench_serve.py --url http://127.0.0.1:8080 --concurrency 1,8,32,64
+"""
+import argparse
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.parse
+
+
+def one_stream(url, body, api_key, out):
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    resp = conn.getresponse()
+    if resp.status != 200:
+        out.append({"error": f"{resp.status} {resp.read()[:200]!r}"})
+        return
+    first = last = None
+    tokens = 0
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        elif chunk["choices"] and chunk["choices"][0].get("text"):
+            last = time.perf_counter()
+            first = first or last
+    out.append({"tokens": tokens, "start": start, "first": first, "last": last})
+
+
+def run(url, n, args):
+    rng = random.Random(n)
+    results, threads = [], []
+    for _ in range(n):
+        body = {
+            "prompt": [rng.randrange(args.vocab) for _ in range(args.prompt)],
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        threads.append(threading.Thread(target=one_stream, args=(url, body, args.api_key, results)))
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise SystemExit(f"concurrency {n}: {len(errors)} failed, e.g. {errors[0]}")
+    total = sum(r["tokens"] for r in results)
+    per = [
+        (r["tokens"] - 1) / (r["last"] - r["first"])
+        for r in results
+        if r["first"] is not None and r["last"] > r["first"]
+    ]
+    ttft = [r["first"] - r["start"] for r in results if r["first"] is not None]
+    return {
+        "concurrency": n,
+        "output_tokens": total,
+        "wall_s": wall,
+        "aggregate_tok_s": total / wall,
+        "per_stream_min_tok_s": min(per) if per else 0.0,
+        "per_stream_median_tok_s": statistics.median(per) if per else 0.0,
+        "ttft_median_s": statistics.median(ttft) if ttft else 0.0,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--api-key")
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--prompt", type=int, default=256, help="prompt tokens per request")
+    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
+    p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = [run(args.url, int(n), args) for n in args.concurrency.split(",")]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"prompt {args.prompt} tokens, output {args.max_tokens} tokens per request")
+    print("| concurrency | aggregate tok/s | per-stream min tok/s | per-stream median tok/s | median TTFT s |")
+    print("|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['concurrency']} | {r['aggregate_tok_s']:.1f} | {r['per_stream_min_tok_s']:.1f} "
+            f"| {r['per_stream_median_tok_s']:.1f} | {r['ttft_median_s']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,590 @@
+//! `mlxcel serve`: an OpenAI-compatible HTTP server over the batched engine. The handlers are
+//! a thin adapter: validate, tokenize, hand the prompt to the engine thread, turn tokens into
+//! JSON or server-sent events.
+
+mod api;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use mlxcel_engine::batcher::{Batcher, Event, SeqParams};
+use mlxcel_engine::blocks::BlockPool;
+use mlxcel_engine::chat::ChatMessage;
+use mlxcel_engine::paged::PagedEngine;
+use mlxcel_engine::scheduler::Scheduler;
+use mlxcel_engine::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::cli::{Global, ServeArgs};
+use api::{ApiError, Settings, StopMatcher};
+
+struct AppState {
+    model_id: String,
+    tokenizer: Arc<Tokenizer>,
+    api_key: Option<String>,
+    /// Largest prompt + completion one sequence may need (the pool's size, at most the context).
+    max_sequence: usize,
+    max_body: usize,
+    max_in_flight: usize,
+    in_flight: AtomicUsize,
+    next_id: AtomicU64,
+    submit: Mutex<mpsc::Sender<worker::Submit>>,
+    stats: Arc<worker::Stats>,
+    created: u64,
+}
+
+/// Holds one of the bounded request slots until dropped.
+struct Slot(Arc<AppState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
+    let dir = global.model.as_deref().context("--model is required")?;
+    ensure!(args.max_batch_size > 0, "--max-batch-size must be positive");
+    ensure!(args.block_size > 0, "--block-size must be positive");
+    ensure!(args.max_queue > 0, "--max-queue must be positive");
+    let backend = crate::backend(global.device)?;
+    let dtype = crate::compute_dtype(&global.dtype, backend.name())?;
+    let tokenizer = Tokenizer::from_dir(dir).context("serve needs the model's tokenizer")?;
+    let model = crate::progress::load_model(dir)?;
+    let max_context = args.max_context.unwrap_or(model.spec.max_position);
+    ensure!(max_context > 0, "--max-context must be positive");
+    let kv_tokens = args
+        .max_kv_tokens
+        .unwrap_or_else(|| (args.max_batch_size * max_context).min(1 << 16));
+    let blocks = kv_tokens / args.block_size;
+    ensure!(
+        blocks > 0,
+        "--max-kv-tokens {kv_tokens} holds no block of {} tokens",
+        args.block_size
+    );
+    let engine = PagedEngine::new(model, backend.as_ref(), dtype, blocks, args.block_size, max_context)?;
+    let sched = Scheduler::new(
+        BlockPool::new(blocks, args.block_size),
+        args.max_batch_size,
+        args.prefill_chunk,
+    );
+    let batcher = Batcher::new(sched, engine);
+    let stats = Arc::new(worker::Stats::default());
+    let (tx, rx) = mpsc::channel();
+    let worker_stats = stats.clone();
+    std::thread::Builder::new()
+        .name("mlxcel-engine".into())
+        .spawn(move || worker::run(batcher, rx, worker_stats))?;
+    let model_id = dir
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let state = Arc::new(AppState {
+        model_id,
+        tokenizer: Arc::new(tokenizer),
+        api_key: args.api_key.clone(),
+        max_sequence: max_context.min(blocks * args.block_size),
+        max_body: args.max_body_bytes,
+        max_in_flight: args.max_queue,
+        in_flight: AtomicUsize::new(0),
+        next_id: AtomicU64::new(1),
+        submit: Mutex::new(tx),
+        stats,
+        created: now(),
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .with_state(state.clone());
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}: not an address", args.host, args.port))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        // Tests and scripts wait for this line.
+        eprintln!(
+            "mlxcel: serving {} on http://{local} ({} KV blocks of {} tokens, batch ≤ {})",
+            state.model_id, blocks, args.block_size, args.max_batch_size
+        );
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .context("serving")
+    })
+}
+
+async fn not_found() -> ApiError {
+    ApiError::invalid("no such route", None)
+        .status(StatusCode::NOT_FOUND)
+        .with_code("not_found")
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else { return Ok(()) };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or incorrect API key (Authorization: Bearer KEY)".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        })
+    }
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let s = &state.stats;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    Json(json!({
+        "status": "ok",
+        "model": state.model_id,
+        "steps": get(&s.steps),
+        "free_blocks": get(&s.free_blocks),
+        "total_blocks": get(&s.total_blocks),
+        "running": get(&s.running),
+        "waiting": get(&s.waiting),
+        "preemptions": get(&s.preemptions),
+        "in_flight": state.in_flight.load(Ordering::SeqCst),
+    }))
+}
+
+async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    Json(json!({
+        "object": "list",
+        "data": [{ "id": state.model_id, "object": "model", "created": state.created, "owned_by": "mlxcel" }],
+    }))
+    .into_response()
+}
+
+/// Which endpoint a request came in on: decides the JSON shapes.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(state, headers, body, Kind::Chat)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(state, headers, body, Kind::Text)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::invalid(format!("the request body exceeds {limit} bytes"), None)
+            .status(StatusCode::PAYLOAD_TOO_LARGE)
+            .with_code("request_too_large")
+    })
+}
+
+fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if *m != state.model_id => Err(ApiError::invalid(
+            format!("the model '{m}' does not exist; this server has '{}'", state.model_id),
+            Some("model"),
+        )
+        .status(StatusCode::NOT_FOUND)
+        .with_code("model_not_found")),
+        _ => Ok(()),
+    }
+}
+
+fn encode(state: &AppState, body: &[u8], kind: Kind) -> Result<(Vec<u32>, Settings), ApiError> {
+    let tok = &state.tokenizer;
+    let bad = |e: anyhow::Error| ApiError::invalid(format!("{e:#}"), None);
+    match kind {
+        Kind::Chat => {
+            let r: api::ChatRequest = api::parse(body)?;
+            check_model(state, &r.common.model)?;
+            let settings = r.common.settings()?;
+            let messages: Vec<ChatMessage> = r
+                .messages()?
+                .into_iter()
+                .map(|(role, text)| ChatMessage::new(role, text))
+                .collect();
+            let ids = if tok.has_chat_template() {
+                tok.encode_chat(&messages).map_err(bad)?
+            } else {
+                let text: Vec<String> = messages.iter().map(|m| m.content.clone()).collect();
+                tok.encode(&text.join("\n")).map_err(bad)?
+            };
+            Ok((ids, settings))
+        }
+        Kind::Text => {
+            let r: api::CompletionRequest = api::parse(body)?;
+            check_model(state, &r.common.model)?;
+            let settings = r.common.settings()?;
+            let ids = match &r.prompt {
+                api::Prompt::Text(t) => tok.encode(t).map_err(bad)?,
+                api::Prompt::Texts(v) if v.len() == 1 => tok.encode(&v[0]).map_err(bad)?,
+                api::Prompt::Texts(_) => {
+                    return Err(ApiError::invalid(
+                        "only one prompt per request is supported",
+                        Some("prompt"),
+                    ))
+                }
+                api::Prompt::Tokens(ids) => {
+                    let vocab = tok.vocab_size() as i64;
+                    ids.iter()
+                        .map(|&t| {
+                            (0..vocab).contains(&t).then_some(t as u32).ok_or_else(|| {
+                                ApiError::invalid(format!("prompt token {t} is outside 0..{vocab}"), Some("prompt"))
+                            })
+                        })
+                        .collect::<Result<_, _>>()?
+                }
+            };
+            Ok((ids, settings))
+        }
+    }
+}
+
+async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let body = read_body(body, state.max_body).await?;
+    let (prompt, settings) = encode(&state, &body, kind)?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt encodes to no tokens", Some("prompt")));
+    }
+    let limit = state.max_sequence;
+    if prompt.len() >= limit {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt has {} tokens; this server's context is {limit} tokens",
+                prompt.len()
+            ),
+            Some("messages"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let max_tokens = settings.max_tokens.unwrap_or(limit - prompt.len());
+    if prompt.len() + max_tokens > limit {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt ({} tokens) plus max_tokens {max_tokens} exceeds the context of {limit} tokens",
+                prompt.len()
+            ),
+            Some("max_tokens"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    if state.in_flight.fetch_add(1, Ordering::SeqCst) >= state.max_in_flight {
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is at its limit of {} requests; retry later",
+                state.max_in_flight
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        });
+    }
+    let slot = Slot(state.clone());
+    let (tx, rx) = unbounded_channel();
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let seed = settings.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ id
+    });
+    let params = SeqParams {
+        max_tokens,
+        temperature: settings.temperature,
+        top_p: settings.top_p,
+        seed,
+        eos: if settings.ignore_eos {
+            vec![]
+        } else {
+            state.tokenizer.eos_ids().to_vec()
+        },
+    };
+    let submit = worker::Submit {
+        id,
+        prompt: prompt.clone(),
+        params,
+        events: tx,
+    };
+    state
+        .submit
+        .lock()
+        .map_err(|_| ApiError::server("the engine thread is gone"))?
+        .send(submit)
+        .map_err(|_| ApiError::server("the engine thread is gone"))?;
+    let job = Job {
+        state: state.clone(),
+        kind,
+        id: format!("{}-{id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+        created: now(),
+        prompt_tokens: prompt.len(),
+        settings,
+    };
+    if job.settings.stream {
+        Ok(stream(job, rx, slot))
+    } else {
+        let r = complete(job, rx).await;
+        drop(slot);
+        r
+    }
+}
+
+struct Job {
+    state: Arc<AppState>,
+    kind: Kind,
+    id: String,
+    created: u64,
+    prompt_tokens: usize,
+    settings: Settings,
+}
+
+impl Job {
+    fn usage(&self, completion: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        })
+    }
+
+    /// One streamed chunk: `delta` text (chat, with the role in the first) or `text`.
+    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+            Kind::Text => json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish }),
+        };
+        let mut obj = json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.state.model_id,
+            "choices": [choice],
+        });
+        if self.settings.include_usage {
+            obj["usage"] = Value::Null;
+        }
+        obj
+    }
+}
+
+/// Tokens of one request turned into text, stopping at EOS, length or a stop string.
+struct Collector {
+    tok: Arc<Tokenizer>,
+    ids: Vec<u32>,
+    /// Bytes of decoded text already passed on (`decode(ids)` prefix).
+    decoded: String,
+    stops: StopMatcher,
+    tokens: usize,
+}
+
+enum Step {
+    Text(String),
+    Done { text: String, finish: &'static str },
+    Error(String),
+}
+
+impl Collector {
+    fn new(tok: Arc<Tokenizer>, stops: Vec<String>) -> Collector {
+        Collector {
+            tok,
+            ids: Vec::new(),
+            decoded: String::new(),
+            stops: StopMatcher::new(stops),
+            tokens: 0,
+        }
+    }
+
+    /// New complete text after `ids` grew (never a half character).
+    fn fresh_text(&mut self) -> Result<String, String> {
+        let all = self.tok.decode(&self.ids).map_err(|e| format!("{e:#}"))?;
+        if all.ends_with('\u{FFFD}') || !all.starts_with(&self.decoded) {
+            return Ok(String::new());
+        }
+        let new = all[self.decoded.len()..].to_string();
+        self.decoded = all;
+        Ok(new)
+    }
+
+    fn on(&mut self, ev: Event) -> Step {
+        match ev {
+            Event::Token(id) => {
+                self.ids.push(id);
+                self.tokens += 1;
+                match self.fresh_text() {
+                    Err(e) => Step::Error(e),
+                    Ok(piece) => match self.stops.push(&piece) {
+                        (text, true) => Step::Done { text, finish: "stop" },
+                        (text, false) => Step::Text(text),
+                    },
+                }
+            }
+            Event::Finished(reason) => {
+                // Whatever the last ids leave (a trailing partial character comes out as U+FFFD).
+                let all = self.tok.decode(&self.ids).unwrap_or_default();
+                let rest = all.get(self.decoded.len()..).unwrap_or("").to_string();
+                let (mut text, hit) = self.stops.push(&rest);
+                if !hit {
+                    text.push_str(&self.stops.finish());
+                }
+                let finish = if hit { "stop" } else { reason.as_str() };
+                Step::Done { text, finish }
+            }
+            Event::Failed(e) => Step::Error(e),
+        }
+    }
+}
+
+async fn complete(job: Job, mut rx: UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let mut c = Collector::new(job.state.tokenizer.clone(), job.settings.stop.clone());
+    let mut text = String::new();
+    let finish = loop {
+        let Some(ev) = rx.recv().await else {
+            return Err(ApiError::server("the engine dropped the request"));
+        };
+        match c.on(ev) {
+            Step::Text(t) => text.push_str(&t),
+            Step::Done { text: t, finish } => {
+                text.push_str(&t);
+                break finish;
+            }
+            Step::Error(e) => return Err(ApiError::server(e)),
+        }
+    };
+    // Dropping the receiver cancels the sequence if it is still running (stop string).
+    drop(rx);
+    let choice = match job.kind {
+        Kind::Chat => json!({
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "logprobs": null,
+            "finish_reason": finish,
+        }),
+        Kind::Text => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }),
+    };
+    Ok(Json(json!({
+        "id": job.id,
+        "object": if job.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+        "created": job.created,
+        "model": job.state.model_id,
+        "choices": [choice],
+        "usage": job.usage(c.tokens),
+    }))
+    .into_response())
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn stream(job: Job, mut rx: UnboundedReceiver<Event>, slot: Slot) -> Response {
+    let (out, body_rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let mut c = Collector::new(job.state.tokenizer.clone(), job.settings.stop.clone());
+        let mut first = true;
+        if job.kind == Kind::Chat {
+            // OpenAI opens with the role and empty content.
+            if out.send(Ok(sse(&job.chunk(Some(""), true, None)))).await.is_err() {
+                return;
+            }
+            first = false;
+        }
+        loop {
+            let ev = tokio::select! {
+                _ = out.closed() => return, // the client is gone; dropping rx cancels the sequence
+                ev = rx.recv() => ev,
+            };
+            let Some(ev) = ev else { return };
+            let (chunks, done) = match c.on(ev) {
+                Step::Text(t) if t.is_empty() => (vec![], false),
+                Step::Text(t) => (vec![job.chunk(Some(&t), first, None)], false),
+                Step::Done { text, finish } => {
+                    let mut v = Vec::new();
+                    if !text.is_empty() {
+                        v.push(job.chunk(Some(&text), first, None));
+                    }
+                    v.push(job.chunk(None, false, Some(finish)));
+                    if job.settings.include_usage {
+                        let mut u = job.chunk(None, false, None);
+                        u["choices"] = json!([]);
+                        u["usage"] = job.usage(c.tokens);
+                        v.push(u);
+                    }
+                    (v, true)
+                }
+                Step::Error(e) => {
+                    let err = ApiError::server(e).body();
+                    (vec![err], true)
+                }
+            };
+            for chunk in chunks {
+                first = false;
+                if out.send(Ok(sse(&chunk))).await.is_err() {
+                    return;
+                }
+            }
+            if done {
+                let _ = out.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+                return;
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .expect("static headers")
+}

@@ -1,0 +1,584 @@
+//! `mlxcel serve` over real HTTP on loopback, against the committed llama-bf16 fixture: the
+//! OpenAI response shapes and SSE framing, bad input, bounded queue, concurrency equal to
+//! running alone, and blocks freed when a client drops mid-stream.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity/llama-bf16")
+}
+
+const MODEL: &str = "llama-bf16";
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(extra: &[&str]) -> Server {
+    let dir = fixture();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+        .args(["serve", "-m", dir.to_str().unwrap(), "--device", "cpu", "--port", "0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("mlxcel starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the server prints its address").unwrap();
+        if let Some(rest) = line.split("on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, addr }
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let nl = raw.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..nl]).unwrap().trim(), 16).unwrap();
+        raw = &raw[nl + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+fn send(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a header block");
+    let headers = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+    let status = headers[9..12].parse().unwrap();
+    let rest = &raw[split + 4..];
+    let body = if headers.contains("transfer-encoding: chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Reply { status, headers, body }
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Reply {
+    send(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// `data:` payloads of an SSE body, checking the framing of every event.
+fn events(body: &str) -> Vec<String> {
+    assert!(body.ends_with("data: [DONE]\n\n"), "ends with [DONE]: {body:?}");
+    body.split_terminator("\n\n")
+        .map(|e| {
+            assert!(
+                e.starts_with("data: ") && !e.contains('\n'),
+                "one data line per event: {e:?}"
+            );
+            e["data: ".len()..].to_string()
+        })
+        .collect()
+}
+
+/// The streamed text and the final chunk's finish reason.
+fn stream_text(body: &str, chat: bool) -> (String, String, Vec<Value>) {
+    let evs = events(body);
+    assert_eq!(evs.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = evs[..evs.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let mut text = String::new();
+    let mut finish = String::new();
+    for c in &chunks {
+        let Some(choice) = c["choices"].get(0) else { continue };
+        let piece = if chat {
+            &choice["delta"]["content"]
+        } else {
+            &choice["text"]
+        };
+        text.push_str(piece.as_str().unwrap_or(""));
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish, chunks)
+}
+
+fn chat_body(content: &str, max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    })
+}
+
+fn health(addr: &str) -> Value {
+    send(addr, "GET", "/health", &[], b"").json()
+}
+
+#[test]
+fn chat_and_text_completions_have_the_openai_shapes() {
+    let s = serve(&[]);
+    let r = post(&s.addr, "/v1/chat/completions", &chat_body("hello there", 8, false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 2);
+    let done = u["completion_tokens"].as_u64().unwrap();
+    assert!((1..=8).contains(&done));
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + done
+    );
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(finish == "length" && done == 8 || finish == "stop", "{v}");
+
+    // The same request streamed gives the same text, in OpenAI's chunk sequence.
+    let r = post(&s.addr, "/v1/chat/completions", &chat_body("hello there", 8, true));
+    assert_eq!(r.status, 200);
+    assert!(r.headers.contains("content-type: text/event-stream"), "{}", r.headers);
+    let (streamed, sfinish, chunks) = stream_text(&r.text(), true);
+    assert_eq!(streamed, text);
+    assert_eq!(sfinish, finish);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["choices"][0]["finish_reason"].is_null()));
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()), "no usage unless asked");
+
+    // stream_options.include_usage: a last chunk with empty choices and the counts.
+    let mut body = chat_body("hello there", 8, true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, _, chunks) = stream_text(&post(&s.addr, "/v1/chat/completions", &body).text(), true);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], *u);
+
+    // Text completions, with max_completion_tokens, both ways.
+    let body = json!({"model": MODEL, "prompt": "once upon", "max_completion_tokens": 6, "temperature": 0});
+    let v = post(&s.addr, "/v1/completions", &body).json();
+    assert_eq!(v["object"], "text_completion");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 6);
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let (streamed, _, chunks) = stream_text(&post(&s.addr, "/v1/completions", &sbody).text(), false);
+    assert_eq!(streamed, text);
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+
+    let m = send(&s.addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(m["data"][0]["id"], MODEL);
+    let h = health(&s.addr);
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["free_blocks"], h["total_blocks"]);
+}
+
+#[test]
+fn stop_strings_cut_the_text_and_end_with_stop() {
+    let s = serve(&[]);
+    let full = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "the", "max_tokens": 24, "temperature": 0, "ignore_eos": true}),
+    );
+    let full = full.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    // Stop at a piece of text from the middle of the greedy completion.
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 8, "{full:?}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let at = full.find(&stop).unwrap();
+    for stream in [false, true] {
+        let body = json!({"prompt": "the", "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stop": [stop], "stream": stream});
+        let r = post(&s.addr, "/v1/completions", &body);
+        let (text, finish) = if stream {
+            let (t, f, _) = stream_text(&r.text(), false);
+            (t, f)
+        } else {
+            let v = r.json();
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+            )
+        };
+        assert_eq!(text, full[..at], "stream {stream}, stop {stop:?}");
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_errors_with_the_right_status() {
+    let s = serve(&[
+        "--api-key",
+        "sk-test",
+        "--max-body-bytes",
+        "4096",
+        "--max-context",
+        "64",
+    ]);
+    let auth = [
+        ("Authorization", "Bearer sk-test"),
+        ("Content-Type", "application/json"),
+    ];
+    let call = |path: &str, body: &str| send(&s.addr, "POST", path, &auth, body.as_bytes());
+    let chat = "/v1/chat/completions";
+    let long = "word ".repeat(100);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (chat, "{not json".into(), 400, "not valid JSON"),
+        (chat, "[1, 2]".into(), 400, "JSON object"),
+        (chat, r#"{"messages": "hi"}"#.into(), 400, "invalid request"),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": 5}]}"#.into(),
+            400,
+            "invalid request",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "3"}"#.into(),
+            400,
+            "invalid request",
+        ),
+        (chat, r#"{"messages": []}"#.into(), 400, "must not be empty"),
+        (
+            chat,
+            r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#.into(),
+            400,
+            "unknown message role",
+        ),
+        (
+            chat,
+            r#"{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}"#.into(),
+            404,
+            "does not exist",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#.into(),
+            400,
+            "at least 1",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}"#.into(),
+            400,
+            "at least 1",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "n": 3}"#.into(),
+            400,
+            "n = 1",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 9}"#.into(),
+            400,
+            "temperature",
+        ),
+        (
+            chat,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}"#.into(),
+            400,
+            "exceeds the context",
+        ),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": long}]}).to_string(),
+            400,
+            "context",
+        ),
+        ("/v1/completions", r#"{"prompt": [1, 99999]}"#.into(), 400, "outside"),
+        ("/v1/completions", r#"{"max_tokens": 3}"#.into(), 400, "invalid request"),
+        (
+            chat,
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#,
+                "x".repeat(5000)
+            ),
+            413,
+            "exceeds 4096 bytes",
+        ),
+        ("/v1/nothing", "{}".into(), 404, "no such route"),
+    ];
+    for (path, body, status, needle) in cases {
+        let r = call(path, &body);
+        assert_eq!(r.status, status, "{path} {body:.80}: {}", r.text());
+        let e = r.json();
+        let msg = e["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("an OpenAI error body: {e}"));
+        assert!(msg.contains(needle), "{body:.80}: {msg}");
+        assert!(e["error"]["type"].is_string(), "{e}");
+    }
+    // Without the key, or with a wrong one: 401 on every API route.
+    let body = chat_body("hi", 2, false).to_string();
+    for headers in [
+        vec![],
+        vec![("Authorization", "Bearer nope")],
+        vec![("Authorization", "sk-test")],
+    ] {
+        let r = send(&s.addr, "POST", chat, &headers, body.as_bytes());
+        assert_eq!(r.status, 401, "{headers:?}");
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+        assert_eq!(send(&s.addr, "GET", "/v1/models", &headers, b"").status, 401);
+    }
+    let mut ok = chat_body("hi", 2, false);
+    ok["model"] = json!(null);
+    assert_eq!(
+        call(chat, &ok.to_string()).status,
+        200,
+        "the key and no model name are fine"
+    );
+    let h = health(&s.addr);
+    assert_eq!(h["free_blocks"], h["total_blocks"]);
+    assert_eq!(h["in_flight"], 0);
+}
+
+/// Opens a streaming completion and reads until its first content chunk.
+fn open_stream(addr: &str, body: &Value) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = body.to_string();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: {") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+fn long_stream() -> Value {
+    json!({"prompt": "a long story", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true})
+}
+
+#[test]
+fn a_client_that_drops_mid_stream_frees_its_blocks() {
+    let s = serve(&[]);
+    let stream = open_stream(&s.addr, &long_stream());
+    let h = health(&s.addr);
+    assert!(
+        h["free_blocks"].as_u64() < h["total_blocks"].as_u64(),
+        "the stream holds blocks: {h}"
+    );
+    let steps_at_drop = h["steps"].as_u64().unwrap();
+    drop(stream);
+    let start = Instant::now();
+    let h = loop {
+        let h = health(&s.addr);
+        if h["free_blocks"] == h["total_blocks"] {
+            break h;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "blocks never came back: {h}");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let steps = h["steps"].as_u64().unwrap() - steps_at_drop;
+    // The server learns of the drop when a write fails: the step after the drop writes, the
+    // next one finds the receiver gone. 200 tokens would be ~200 steps.
+    assert!(steps <= 3, "blocks freed {steps} steps after the drop");
+    assert_eq!(h["in_flight"], 0);
+    assert_eq!(h["running"], 0);
+}
+
+#[test]
+fn a_full_queue_answers_429_and_recovers() {
+    let s = serve(&["--max-queue", "1"]);
+    let stream = open_stream(&s.addr, &long_stream());
+    let r = post(&s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
+    drop(stream);
+    let start = Instant::now();
+    loop {
+        let r = post(&s.addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 429);
+        assert!(start.elapsed() < Duration::from_secs(20), "the slot never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sixty_four_concurrent_streams_each_equal_the_request_alone() {
+    let s = serve(&["--max-batch-size", "64"]);
+    let prompts: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                "story {i}: the {} went",
+                ["cat", "dog", "sun", "sea", "car", "owl", "map", "key"][i]
+            )
+        })
+        .collect();
+    let body = |p: &str| json!({"model": MODEL, "prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "stream": true});
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| stream_text(&post(&s.addr, "/v1/completions", &body(p)).text(), false).0)
+        .collect();
+    let start = Instant::now();
+    let watcher = {
+        let addr = s.addr.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while start.elapsed() < Duration::from_secs(120) {
+                let h = health(&addr);
+                most = most.max(h["running"].as_u64().unwrap());
+                if most > 0 && h["in_flight"] == 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            most
+        })
+    };
+    let threads: Vec<_> = (0..64)
+        .map(|i| {
+            let (addr, b) = (s.addr.clone(), body(&prompts[i % 8]));
+            std::thread::spawn(move || {
+                let r = post(&addr, "/v1/completions", &b);
+                assert_eq!(r.status, 200, "{}", r.text());
+                let (text, finish, chunks) = stream_text(&r.text(), false);
+                assert_eq!(finish, "length");
+                (text, chunks.len())
+            })
+        })
+        .collect();
+    for (i, t) in threads.into_iter().enumerate() {
+        let (text, _) = t.join().expect("stream thread");
+        assert_eq!(text, alone[i % 8], "stream {i}");
+    }
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(120), "64 streams took {took:?}");
+    let most = watcher.join().unwrap();
+    eprintln!("64 streams × 12 tokens in {took:?}, at most {most} running together");
+    assert!(
+        most > 8,
+        "the streams were batched, not served one by one ({most} together)"
+    );
+    let h = health(&s.addr);
+    assert_eq!(h["free_blocks"], h["total_blocks"], "{h}");
+    assert_eq!(h["in_flight"], 0);
+    assert_eq!(h["preemptions"], 0, "a pool this size never preempts");
+}
+
+#[test]
+fn curl_sees_exact_sse_framing() {
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("curl not installed: skipping the curl SSE check");
+        return;
+    }
+    let s = serve(&[]);
+    let out = Command::new("curl")
+        .args(["-sN", "--max-time", "60", "-H", "Content-Type: application/json", "-d"])
+        .arg(chat_body("hello", 5, true).to_string())
+        .arg(format!("http://{}/v1/chat/completions", s.addr))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let body = String::from_utf8(out.stdout).unwrap();
+    let (_, finish, chunks) = stream_text(&body, true);
+    assert!(!finish.is_empty());
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["delta"], json!({}));
+}
+
+/// The official `openai` Python client. It runs where `MLXCEL_OPENAI_PYTHON` names a Python
+/// with `openai` installed (.ci/run makes one); `MLXCEL_REQUIRE_OPENAI=1` makes a missing one fail.
+#[test]
+fn the_openai_python_client_works_unchanged() {
+    let python = std::env::var("MLXCEL_OPENAI_PYTHON").ok().or_else(|| {
+        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/openai-venv/bin/python");
+        venv.exists().then(|| venv.to_string_lossy().into_owned())
+    });
+    let Some(python) = python else {
+        assert!(
+            std::env::var("MLXCEL_REQUIRE_OPENAI").is_err(),
+            "MLXCEL_REQUIRE_OPENAI is set but no MLXCEL_OPENAI_PYTHON"
+        );
+        eprintln!("no Python with openai (set MLXCEL_OPENAI_PYTHON): skipping the openai client check");
+        return;
+    };
+    let s = serve(&["--api-key", "sk-openai"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([format!("http://{}/v1", s.addr), "sk-openai".into(), MODEL.into()])
+        .output()
+        .unwrap();
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{o}\n{e}");
+    assert!(o.contains("openai client: all checks passed"), "{o}\n{e}");
+}
