@@ -6,6 +6,8 @@ mod convert;
 mod demo;
 mod generate;
 mod progress;
+mod synth;
+mod traffic;
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -44,6 +46,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::command(&cli.global, args),
         Command::Convert(args) => convert::command(args),
         Command::Bench(args) => bench::command(&cli.global, args),
+        Command::Synth(args) => synth::command(args),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Generation on top of models: tokenizer, chat templates, sampling, generate, perplexity.
 
+pub mod byte_tokenizer;
 pub mod chat;
 pub mod engine;
 pub mod gguf_tokenizer;

@@ -462,4 +462,5 @@ pub(crate) enum Arg {
     View(Box<launch::View8>),
 }
 
+pub mod bandwidth;
 mod launch;
