@@ -1,86 +1,229 @@
-//! `mlxcel bench`: prefill and decode throughput, one warm-up run then timed runs, as a table
-//! (or one JSON object). Random-weight presets need no checkpoint: speed does not depend on
-//! the values of the weights, only on their shapes and layout.
+//! `mlxcel bench`: prefill and decode throughput in the manner of llama-bench (`-p` prompt
+//! tokens, `-g` generated, `-r` runs after one warm-up run), with the memory traffic of a
+//! decode token, the bandwidth that achieves and its share of the backend's measured copy
+//! bandwidth. Random-weight presets need no checkpoint: speed depends on the shapes and
+//! layout of the weights, not on their values.
 
 use anyhow::{bail, ensure, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use mlxcel_core::rng::SplitMix64;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
+use mlxcel_models::Transformer;
+use serde_json::json;
 
 use crate::cli::{BenchArgs, Global};
+use crate::traffic::decode_traffic;
 
-fn median(v: &mut [f64]) -> f64 {
+/// Mean and sample standard deviation (0 for one value).
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
-    ensure!(
-        a.runs > 0 && a.prompt > 0 && a.max_tokens > 0,
-        "--runs, --prompt and -n must be positive"
-    );
-    let (model, what) = match (&a.preset, &global.model) {
+fn bar(len: u64, template: &str, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len);
+    b.set_style(ProgressStyle::with_template(template).expect("a valid template"));
+    b
+}
+
+fn validate(a: &BenchArgs) -> Result<()> {
+    for (value, flag) in [
+        (a.prompt, "-p/--prompt"),
+        (a.gen, "-g/--gen"),
+        (a.runs, "-r/--runs"),
+        (a.prefill_chunk, "--prefill-chunk"),
+    ] {
+        ensure!(value > 0, "{flag} {value}: must be at least 1");
+    }
+    Ok(())
+}
+
+fn model(global: &Global, a: &BenchArgs) -> Result<(Transformer, String)> {
+    match (&a.preset, &global.model) {
         (Some(_), Some(_)) => bail!("give either --preset or --model, not both"),
         (None, None) => bail!("bench needs --preset NAME or --model PATH"),
         (Some(p), None) => {
             let preset = mlxcel_models::synth::preset(p)?;
-            eprintln!("building random weights for {p} ...");
-            (
-                mlxcel_models::synth::load(preset, 0)?,
-                format!("preset {p} (random weights)"),
-            )
+            let b = bar(0, "building random weights {bar:40} {pos}/{len} layers ({eta})", a.json);
+            let m = mlxcel_models::synth::tensors_with_progress(preset, a.seed, &mut |done, total| {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+            })?;
+            b.finish_and_clear();
+            Ok((mlxcel_models::synth::from_tensors(m)?, p.clone()))
         }
-        (None, Some(m)) => (crate::progress::load_model(m)?, m.display().to_string()),
-    };
+        (None, Some(m)) => Ok((crate::progress::load_model(m)?, m.display().to_string())),
+    }
+}
+
+fn gb(bytes: f64) -> String {
+    match bytes {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b => format!("{:.1} MB", b / 1e6),
+    }
+}
+
+fn pm((mean, std): (f64, f64)) -> String {
+    format!("{mean:.1} ± {std:.1}")
+}
+
+pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
+    if a.list_presets {
+        for p in mlxcel_models::synth::PRESETS {
+            println!("{}", p.name);
+        }
+        return Ok(());
+    }
+    validate(&a)?;
+    let (model, what) = model(global, &a)?;
     let backend = crate::backend(global.device)?;
     let device = backend.name();
     let dtype = crate::compute_dtype(&global.dtype, device)?;
     let vocab = model.spec.vocab as u64;
-    let context = a.prompt + a.max_tokens;
-    let mut engine = Engine::new(model, backend, dtype, Some(context.max(1)))?;
+    let context = a.prompt + a.gen;
+    // Counted on a cache of the size the runs use; the count per position does not depend on it.
+    let traffic = decode_traffic(&model, dtype, context)?;
+    let mut engine = Engine::new(model, backend, dtype, Some(context))?;
     let mut rng = SplitMix64(7);
     let prompt: Vec<u32> = (0..a.prompt).map(|_| rng.below(vocab) as u32).collect();
     let opts = GenerateOptions {
-        max_tokens: a.max_tokens,
+        max_tokens: a.gen,
         sampler: SamplerSettings::default(),
         prefill_chunk: a.prefill_chunk,
     };
+    let progress = bar(
+        ((a.runs + 1) * a.gen) as u64,
+        "{msg} {bar:40} {pos}/{len} tokens ({eta})",
+        a.json,
+    );
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let mut device_used: Option<usize> = None;
     for run in 0..=a.runs {
+        let label = if run == 0 { "warm-up".to_string() } else { format!("run {run}/{}", a.runs) };
+        progress.set_message(label.clone());
         let g = engine
-            .generate(&prompt, &opts, &|_| false, |_| Ok(true))
+            .generate(&prompt, &opts, &|_| false, |_| {
+                progress.inc(1);
+                Ok(true)
+            })
             .context("bench run")?;
+        if let Some(used) = engine.backend().device_memory_used()? {
+            device_used = Some(device_used.unwrap_or(0).max(used));
+        }
         if run > 0 {
             prefill.push(g.prompt_tps);
             decode.push(g.decode_tps);
         }
-        eprintln!(
-            "{} prefill {:.1} tok/s, decode {:.1} tok/s",
-            if run == 0 { "warm-up:" } else { "run:    " },
-            g.prompt_tps,
-            g.decode_tps
-        );
+        if !a.json {
+            progress.suspend(|| {
+                eprintln!(
+                    "{label}: prefill {:.1} tok/s, decode {:.1} tok/s",
+                    g.prompt_tps, g.decode_tps
+                )
+            });
+        }
     }
-    let (p, d) = (median(&mut prefill.clone()), median(&mut decode.clone()));
-    let peak = crate::generate::peak_memory_bytes();
+    progress.finish_and_clear();
+    let session = engine.memory();
+    let host_peak = crate::generate::peak_memory_bytes();
+    // Measured last: its buffers must not count in the peaks above.
+    let copy = match engine.backend().copy_bandwidth() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("copy bandwidth not measured: {e}");
+            None
+        }
+    };
+
+    // Decode steps run at kv lengths prompt+1 ..= prompt+gen-1.
+    let mean_context = a.prompt as f64 + a.gen as f64 / 2.0;
+    let per_token = traffic.per_token(mean_context);
+    let ms: Vec<f64> = decode.iter().map(|d| 1e3 / d.max(1e-9)).collect();
+    let achieved: Vec<f64> = decode.iter().map(|d| d * per_token).collect();
+    let (bw_mean, bw_std) = mean_std(&achieved);
+    let share = copy.map(|c| bw_mean / c);
+    let session_bytes = session.planned_bytes + session.state_bytes + session.parameter_bytes;
+    // The figure for "peak device memory": what the driver saw in use on a GPU; on the CPU,
+    // whose device memory is host memory, the process's peak resident set.
+    let peak = device_used.unwrap_or(host_peak as usize);
+
     if a.json {
-        let obj = serde_json::json!({
-            "model": what, "device": device, "dtype": dtype.name(), "prompt": a.prompt, "generated": a.max_tokens,
-            "runs": a.runs, "prefill_tps": prefill, "decode_tps": decode, "prefill_tps_median": p,
-            "decode_tps_median": d, "peak_host_memory_bytes": peak,
+        let (pf, dc, mt) = (mean_std(&prefill), mean_std(&decode), mean_std(&ms));
+        let obj = json!({
+            "model": what, "preset": a.preset, "seed": a.seed, "device": device, "dtype": dtype.name(),
+            "prompt": a.prompt, "gen": a.gen, "generated": a.gen, "runs": a.runs,
+            "prefill_tps": prefill, "decode_tps": decode,
+            "prefill_tps_mean": pf.0, "prefill_tps_std": pf.1, "prefill_tps_median": median(&prefill),
+            "decode_tps_mean": dc.0, "decode_tps_std": dc.1, "decode_tps_median": median(&decode),
+            "ms_per_token_mean": mt.0, "ms_per_token_std": mt.1,
+            "parameter_bytes": traffic.parameters, "weight_bytes_per_token": traffic.weights,
+            "kv_bytes_per_position": traffic.kv_per_position, "mean_context": mean_context,
+            "bytes_per_token": per_token,
+            "achieved_gbps_mean": bw_mean / 1e9, "achieved_gbps_std": bw_std / 1e9,
+            "copy_gbps": copy.map(|c| c / 1e9), "bandwidth_share": share,
+            "peak_memory_bytes": peak, "peak_host_memory_bytes": host_peak,
+            "device_memory_used_bytes": device_used, "session_bytes": session_bytes,
+            "session_memory": {
+                "planned_bytes": session.planned_bytes, "state_bytes": session.state_bytes,
+                "parameter_bytes": session.parameter_bytes,
+            },
         });
         println!("{obj}");
-    } else {
-        println!(
-            "| model | device | dtype | prompt | generated | prefill tok/s (median of {}) | decode tok/s |",
-            a.runs
-        );
-        println!("|---|---|---|---|---|---|---|");
-        println!(
-            "| {what} | {device} | {} | {} | {} | {p:.1} | {d:.1} |",
-            dtype.name(),
-            a.prompt,
-            a.max_tokens
-        );
+        return Ok(());
     }
+    println!(
+        "| model | device | dtype | p | g | prefill tok/s | decode tok/s | ms/token | read/token | GB/s | of copy BW | peak memory |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {what} | {device} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} | {} |",
+        dtype.name(),
+        a.prompt,
+        a.gen,
+        pm(mean_std(&prefill)),
+        pm(mean_std(&decode)),
+        mean_std(&ms).0,
+        mean_std(&ms).1,
+        gb(per_token),
+        pm((bw_mean / 1e9, bw_std / 1e9)),
+        share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0)),
+        gb(peak as f64),
+    );
+    println!();
+    println!(
+        "{} runs after a warm-up, mean ± standard deviation. read/token: {} of weights (of {} held; \
+         a table only gathered from counts one row) + {} of KV cache at the mean context of {mean_context:.0}.",
+        a.runs,
+        gb(traffic.weights),
+        gb(traffic.parameters as f64),
+        gb(traffic.kv_fixed as f64 + traffic.kv_per_position as f64 * mean_context),
+    );
+    match copy {
+        Some(c) => println!("copy bandwidth of {device}: {:.1} GB/s (read + written bytes).", c / 1e9),
+        None => println!("copy bandwidth of {device}: not measured."),
+    }
+    println!(
+        "memory: session {} (activations {}, KV cache {}, weight copies {}); peak resident {}{}.",
+        gb(session_bytes as f64),
+        gb(session.planned_bytes as f64),
+        gb(session.state_bytes as f64),
+        gb(session.parameter_bytes as f64),
+        gb(host_peak as f64),
+        device_used.map_or(String::new(), |u| format!("; device in use {}", gb(u as f64))),
+    );
     Ok(())
 }

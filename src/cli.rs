@@ -51,6 +51,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Prefill and decode speed, on a model or on random weights in a preset's shape.
     Bench(BenchArgs),
+    /// Write a preset's random weights as an mlx-lm model folder (what `bench --preset` runs).
+    Synth(SynthArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions, streaming, batching).
     Serve(ServeArgs),
 }
@@ -93,19 +95,43 @@ pub struct BenchArgs {
     /// Random weights in this model's shape and layout (e.g. llama-3.1-8b-4bit), instead of -m.
     #[arg(long)]
     pub preset: Option<String>,
-    /// Prompt tokens (random ids).
-    #[arg(long, default_value_t = 512)]
+    /// Print the preset names, one per line, and exit.
+    #[arg(long)]
+    pub list_presets: bool,
+    /// Seed of the preset's random weights (`mlxcel synth --seed` writes the same ones).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Prompt length: random token ids, prefilled once per run.
+    #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt: usize,
-    /// Tokens to generate (greedy; end-of-sequence ignored).
-    #[arg(short = 'n', long, default_value_t = 128)]
-    pub max_tokens: usize,
-    /// Timed runs after one warm-up run.
-    #[arg(long, default_value_t = 3)]
+    /// Tokens generated per run (greedy; end-of-sequence ignored).
+    #[arg(short = 'g', long = "gen", short_alias = 'n', alias = "max-tokens", default_value_t = 128)]
+    pub gen: usize,
+    /// Timed runs, after one warm-up run.
+    #[arg(short = 'r', long, default_value_t = 3)]
     pub runs: usize,
+    /// Tokens per prefill step.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
+    /// Print one JSON object on stdout instead of the table (and draw no progress bars).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// The preset to write (`mlxcel bench --list-presets` lists them).
+    #[arg(long)]
+    pub preset: String,
+    /// The folder to write (config.json, safetensors, a byte-level tokenizer).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of the random weights; `mlxcel bench --preset NAME --seed S` runs the same ones.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write into --out even if it already holds files (old weight files are removed).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args)]

@@ -7,6 +7,8 @@ mod demo;
 mod generate;
 mod progress;
 mod serve;
+mod synth;
+mod traffic;
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -46,6 +48,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Convert(args) => convert::command(args),
         Command::Bench(args) => bench::command(&cli.global, args),
         Command::Serve(args) => serve::command(&cli.global, args),
+        Command::Synth(args) => synth::command(args),
     }
 }
 

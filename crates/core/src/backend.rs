@@ -32,6 +32,20 @@ pub trait Backend {
     /// Whether a kernel exists for this node (op and dtypes); the error names what is missing.
     fn check_supported(&self, node: &Node) -> Result<()>;
     fn new_session(&self) -> Result<Box<dyn Session>>;
+    /// Memory copy bandwidth in bytes per second, counting every byte read and every byte
+    /// written (as CUDA's bandwidthTest does): the ceiling `mlxcel bench` holds a memory-bound
+    /// decode step against. The backend copies a buffer well past its caches, best of a few.
+    fn copy_bandwidth(&self) -> Result<f64> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            op: "copy bandwidth measurement".into(),
+        })
+    }
+    /// Bytes in use on the whole device as its driver reports them (every process and context),
+    /// or None where the backend has no device memory of its own.
+    fn device_memory_used(&self) -> Result<Option<usize>> {
+        Ok(None)
+    }
 }
 
 pub trait Session: Send {

@@ -2,6 +2,7 @@
 //! oracle for every other backend. A session owns the states (KV caches) and the planned
 //! graphs; each graph's activation buffers are allocated once at load and reused every run.
 
+mod bandwidth;
 mod buffer;
 mod exec;
 mod kernels;
@@ -25,6 +26,10 @@ impl Backend for CpuBackend {
 
     fn new_session(&self) -> Result<Box<dyn Session>> {
         Ok(Box::new(CpuSession::default()))
+    }
+
+    fn copy_bandwidth(&self) -> Result<f64> {
+        Ok(bandwidth::copy_bandwidth(bandwidth::COPY_BYTES))
     }
 }
 

@@ -100,6 +100,28 @@ impl Backend for CudaBackend {
             ))
         }
     }
+
+    fn copy_bandwidth(&self) -> Result<f64> {
+        #[cfg(feature = "cuda")]
+        {
+            self.gpu.copy_bandwidth(device::bandwidth::COPY_BYTES)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(Error::Backend("mlxcel was not compiled with CUDA support".into()))
+        }
+    }
+
+    fn device_memory_used(&self) -> Result<Option<usize>> {
+        #[cfg(feature = "cuda")]
+        {
+            self.gpu.memory_used().map(Some)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Ok(None)
+        }
+    }
 }
 
 /// Whether every node of `graph` is one this backend can run (the checks `load` makes), without

@@ -97,6 +97,10 @@ impl Engine {
         self.max_context
     }
 
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
     pub fn memory(&self) -> mlxcel_core::MemoryReport {
         self.session.memory()
     }

@@ -3,6 +3,7 @@
 
 pub mod batcher;
 pub mod blocks;
+pub mod byte_tokenizer;
 pub mod chat;
 pub mod engine;
 pub mod gguf_tokenizer;

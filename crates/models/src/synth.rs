@@ -36,6 +36,26 @@ fn qwen2_5_0_5b() -> Value {
     })
 }
 
+fn qwen3_8b() -> Value {
+    json!({
+        "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "tie_word_embeddings": false
+    })
+}
+
+/// Seconds on the CPU even in a debug build: for tests of the tools around the engine. A
+/// Qwen3 (q/k norms, explicit head_dim) with a tied, quantized embedding.
+fn tiny_qwen3() -> Value {
+    json!({
+        "model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": true
+    })
+}
+
 fn smollm2_135m() -> Value {
     json!({
         "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536,
@@ -84,6 +104,14 @@ pub const PRESETS: &[Preset] = &[
         }),
     },
     Preset {
+        name: "qwen3-8b-4bit",
+        config: qwen3_8b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
+        }),
+    },
+    Preset {
         name: "qwen2.5-0.5b-bf16",
         config: qwen2_5_0_5b,
         quant: None,
@@ -110,6 +138,14 @@ pub const PRESETS: &[Preset] = &[
         quant: Some(QuantParams {
             bits: 4,
             group_size: 64,
+        }),
+    },
+    Preset {
+        name: "tiny-qwen3-4bit",
+        config: tiny_qwen3,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 32,
         }),
     },
 ];
@@ -215,6 +251,11 @@ impl Builder {
 
 /// The preset's config and random tensors under checkpoint names.
 pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
+    tensors_with_progress(p, seed, &mut |_, _| {})
+}
+
+/// [`tensors`], calling `progress(layers built, layers)` after each decoder layer.
+pub fn tensors_with_progress(p: &Preset, seed: u64, progress: &mut dyn FnMut(usize, usize)) -> Result<SynthModel> {
     let c = (p.config)();
     let get = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
     let (d, layers, ff, heads, kv, vocab) = (
@@ -283,6 +324,7 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
         b.weight(&format!("{l}.mlp.gate_proj"), ff, d, s)?;
         b.weight(&format!("{l}.mlp.up_proj"), ff, d, s)?;
         b.weight(&format!("{l}.mlp.down_proj"), d, ff, 1.0 / (ff as f32).sqrt())?;
+        progress(i + 1, layers);
     }
     b.push("model.norm.weight".into(), ones(d)?);
     if !tied {
@@ -293,13 +335,48 @@ pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
 
 /// The preset as a model, straight from memory.
 pub fn load(p: &Preset, seed: u64) -> Result<crate::Transformer> {
-    let m = tensors(p, seed)?;
+    from_tensors(tensors(p, seed)?)
+}
+
+/// A model from tensors [`tensors`] built.
+pub fn from_tensors(m: SynthModel) -> Result<crate::Transformer> {
     let spec = crate::spec_for(&m.config)?;
     let loader = crate::layers::Loader {
         checkpoint: crate::checkpoint::Checkpoint::from_tensors(m.tensors),
         quant: crate::quant::QuantConfig::from_modules(m.modules),
     };
     crate::Transformer::load(spec, &loader)
+}
+
+/// What a model folder's config.json says beyond the shape, for mlx-lm and transformers:
+/// the architecture class, no RoPE interleaving, and the EOS id a synth tokenizer ends with.
+pub fn folder_config(m: &SynthModel) -> Value {
+    let mut c = m.config.clone();
+    let class = match c["model_type"].as_str() {
+        Some("llama") => "LlamaForCausalLM",
+        Some("qwen2") => "Qwen2ForCausalLM",
+        Some("qwen3") => "Qwen3ForCausalLM",
+        _ => "",
+    };
+    let vocab = c["vocab_size"].as_u64().unwrap_or(0);
+    c["architectures"] = json!([class]);
+    c["hidden_act"] = json!("silu");
+    c["rope_traditional"] = json!(false);
+    c["attention_bias"] = json!(c["model_type"] == "qwen2");
+    c["mlp_bias"] = json!(false);
+    c["eos_token_id"] = json!(vocab.saturating_sub(1));
+    c["torch_dtype"] = json!("bfloat16");
+    c
+}
+
+/// Writes the preset as an mlx-community-layout folder (config.json with the `quantization`
+/// block, safetensors in mlx-lm's shards); the tokenizer is the caller's. `progress(done,
+/// total)` hears about building (layers) and then writing (bytes) with a phase name.
+pub fn save(p: &Preset, seed: u64, dir: &std::path::Path, progress: &mut dyn FnMut(&str, usize, usize)) -> Result<()> {
+    let m = tensors_with_progress(p, seed, &mut |done, total| progress("building", done, total))?;
+    crate::writer::save_folder_with_progress(dir, folder_config(&m), &m.tensors, &m.modules, &mut |done, total| {
+        progress("writing", done, total)
+    })
 }
 
 #[cfg(test)]
@@ -318,5 +395,50 @@ mod tests {
             panic!("an unknown preset must fail")
         };
         assert!(e.to_string().contains("llama-3.1-8b-4bit"), "{e}");
+    }
+
+    #[test]
+    fn qwen3_8b_has_the_real_shape() {
+        // Qwen/Qwen3-8B config.json; building the 4.6 GB of weights is the benchmark's job.
+        let s = crate::spec_for(&qwen3_8b()).unwrap();
+        assert_eq!((s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim), (36, 4096, 32, 8, 128));
+        assert_eq!((s.intermediate, s.vocab), (12288, 151936));
+        assert!(s.qk_norm && !s.tie_embeddings && !s.qkv_bias);
+        let m = load(preset("tiny-qwen3-4bit").unwrap(), 0).unwrap();
+        assert!(m.spec.qk_norm && m.spec.tie_embeddings);
+    }
+
+    #[test]
+    fn a_saved_folder_loads_back_the_same_weights() {
+        let p = preset("tiny-qwen3-4bit").unwrap();
+        let dir = std::env::temp_dir().join(format!("mlxcel-synth-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let mut phases = Vec::new();
+        save(p, 5, &dir, &mut |phase, done, total| {
+            if done == total {
+                phases.push(phase.to_string())
+            }
+        })
+        .unwrap();
+        assert_eq!(phases, ["building", "writing"]);
+        let built = tensors(p, 5).unwrap();
+        let config = crate::read_config(&dir).unwrap();
+        let ck = crate::checkpoint::Checkpoint::open_dir(&dir).unwrap();
+        let quant = crate::quant::QuantConfig::from_config(&config).unwrap();
+        assert_eq!(ck.names().count(), built.tensors.len());
+        for (name, t) in &built.tensors {
+            let back = ck.get(name).unwrap();
+            assert_eq!((back.dtype, &back.shape), (t.dtype, &t.shape), "{name}");
+            assert!(back.bytes() == t.bytes(), "{name}: different bytes");
+        }
+        for (module, q) in &built.modules {
+            assert_eq!(quant.for_module(module), Some(*q), "{module}");
+        }
+        assert_eq!(crate::spec_for(&config).unwrap().head_dim, 32);
+        crate::load(&dir).unwrap();
+        // Another seed gives other weights.
+        let other = tensors(p, 6).unwrap();
+        assert!(other.tensors[0].1.bytes() != built.tensors[0].1.bytes());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

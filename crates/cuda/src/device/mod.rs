@@ -645,6 +645,7 @@ pub(crate) enum Arg {
     View(Box<launch::View8>),
 }
 
+pub mod bandwidth;
 mod fuse;
 mod launch;
 mod profile;

@@ -1,0 +1,148 @@
+//! `mlxcel bench` and `mlxcel synth` on the smallest preset: flags, output fields, folders that
+//! load, and bad input as one clear error.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const TINY: &str = "tiny-qwen3-4bit";
+
+fn mlxcel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+        .args(args)
+        .output()
+        .expect("mlxcel runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = mlxcel(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = ok(args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let o = mlxcel(args);
+    assert!(!o.status.success(), "{args:?} should fail");
+    let e = stderr(&o);
+    assert!(e.starts_with("mlxcel: error:") && e.contains(needle), "{args:?}: {e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: one line: {e}");
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlxcel-bench-{tag}-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    d
+}
+
+#[test]
+fn bench_json_has_every_figure_and_they_are_numbers() {
+    let j = json(&["bench", "--preset", TINY, "-p", "8", "-g", "4", "-r", "2", "--json"]);
+    assert_eq!((j["device"].as_str(), j["prompt"].as_u64(), j["gen"].as_u64()), (Some("cpu"), Some(8), Some(4)));
+    for key in [
+        "prefill_tps_mean",
+        "prefill_tps_std",
+        "decode_tps_mean",
+        "decode_tps_std",
+        "ms_per_token_mean",
+        "ms_per_token_std",
+        "bytes_per_token",
+        "weight_bytes_per_token",
+        "achieved_gbps_mean",
+        "copy_gbps",
+        "bandwidth_share",
+        "peak_memory_bytes",
+        "session_bytes",
+    ] {
+        let v = j[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {j}"));
+        assert!(v.is_finite() && v >= 0.0, "{key} = {v}");
+    }
+    assert!(j["decode_tps_mean"].as_f64().unwrap() > 0.0);
+    assert_eq!(j["decode_tps"].as_array().unwrap().len(), 2, "one figure per timed run");
+    // Tied 4-bit weights, all read each token; the KV cache adds 1 KiB per position at the mean
+    // context of 8 + 4/2 (k and v, 2 layers, 2 heads of 32 f32).
+    let weights = j["weight_bytes_per_token"].as_f64().unwrap();
+    assert_eq!(j["parameter_bytes"].as_f64().unwrap(), weights);
+    assert_eq!(j["bytes_per_token"].as_f64().unwrap(), weights + 10.0 * 1024.0);
+    let share = j["bandwidth_share"].as_f64().unwrap();
+    let ratio = j["achieved_gbps_mean"].as_f64().unwrap() / j["copy_gbps"].as_f64().unwrap();
+    assert!((share - ratio).abs() <= 1e-9 * ratio.max(1.0), "{share} vs {ratio}");
+}
+
+#[test]
+fn bench_prints_a_table_and_keeps_the_old_flag_spellings() {
+    let out = ok(&["bench", "--preset", TINY, "--prompt", "4", "-n", "2", "--runs", "1"]);
+    let header = out.lines().next().unwrap();
+    for column in ["prefill tok/s", "decode tok/s", "ms/token", "read/token", "GB/s", "of copy BW", "peak memory"] {
+        assert!(header.contains(column), "{column}: {out}");
+    }
+    assert!(out.lines().nth(2).unwrap().starts_with(&format!("| {TINY} | cpu |")), "{out}");
+    ok(&["bench", "--preset", TINY, "-p", "4", "--max-tokens", "2", "-r", "1", "--json"]);
+    let presets = ok(&["bench", "--list-presets"]);
+    for p in ["llama-3.1-8b-4bit", "qwen3-8b-4bit", "qwen2.5-0.5b-bf16", TINY] {
+        assert!(presets.lines().any(|l| l == p), "{p}: {presets}");
+    }
+}
+
+#[test]
+fn bad_bench_flags_are_one_clear_error() {
+    fails_with(&["bench", "--preset", TINY, "-p", "0"], "-p/--prompt 0");
+    fails_with(&["bench", "--preset", TINY, "-g", "0"], "-g/--gen 0");
+    fails_with(&["bench", "--preset", TINY, "-r", "0"], "-r/--runs 0");
+    fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
+    fails_with(&["bench", "-m", "/no/such/model"], "does not exist");
+    assert_eq!(mlxcel(&["bench", "-p", "x"]).status.code(), Some(2), "clap rejects a non-number");
+}
+
+#[test]
+fn a_synth_folder_loads_in_mlxcel_and_depends_only_on_the_seed() {
+    let (a, b, c) = (scratch("a"), scratch("b"), scratch("c"));
+    for (dir, seed) in [(&a, "0"), (&b, "0"), (&c, "1")] {
+        ok(&["synth", "--preset", TINY, "--out", dir.to_str().unwrap(), "--seed", seed]);
+    }
+    let weights = |d: &PathBuf| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(weights(&a) == weights(&b), "one seed, one model");
+    assert!(weights(&a) != weights(&c), "another seed, other weights");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(a.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["bits"], 4);
+    assert_eq!(config["quantization"]["group_size"], 32);
+    assert_eq!(config["model_type"], "qwen3");
+
+    let dir = a.to_str().unwrap();
+    // The byte-level tokenizer: text becomes its bytes.
+    let g = json(&["-m", dir, "generate", "hi!", "-n", "3", "--json"]);
+    assert_eq!(g["prompt_tokens"], serde_json::json!([104, 105, 33]));
+    assert_eq!(g["tokens"].as_array().unwrap().len(), 3);
+    let j = json(&["-m", dir, "bench", "-p", "4", "-g", "2", "-r", "1", "--json"]);
+    assert_eq!(j["model"], dir);
+    // The folder and the preset hold the same bytes, so they read the same per token.
+    let p = json(&["bench", "--preset", TINY, "-p", "4", "-g", "2", "-r", "1", "--json"]);
+    assert_eq!(j["bytes_per_token"], p["bytes_per_token"]);
+
+    fails_with(&["synth", "--preset", TINY, "--out", dir], "pass --force");
+    ok(&["synth", "--preset", TINY, "--out", dir, "--seed", "1", "--force"]);
+    assert!(weights(&a) == weights(&c), "--force replaces the weights");
+    for d in [a, b, c] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}
+
+#[test]
+fn bad_synth_input_is_one_clear_error() {
+    let d = scratch("bad");
+    fails_with(&["synth", "--preset", "gpt-9", "--out", d.to_str().unwrap()], "unknown preset \"gpt-9\"");
+    assert!(!d.exists(), "nothing written for a bad preset");
+    let file = std::env::temp_dir().join(format!("mlxcel-bench-file-{}", std::process::id()));
+    std::fs::write(&file, b"x").unwrap();
+    fails_with(&["synth", "--preset", TINY, "--out", file.to_str().unwrap()], "not a folder");
+    std::fs::remove_file(&file).ok();
+    assert_eq!(mlxcel(&["synth", "--preset", TINY]).status.code(), Some(2), "--out is required");
+}
