@@ -113,7 +113,11 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut device_used: Option<usize> = None;
     for run in 0..=a.runs {
-        let label = if run == 0 { "warm-up".to_string() } else { format!("run {run}/{}", a.runs) };
+        let label = if run == 0 {
+            "warm-up".to_string()
+        } else {
+            format!("run {run}/{}", a.runs)
+        };
         progress.set_message(label.clone());
         let g = engine
             .generate(&prompt, &opts, &|_| false, |_| {
@@ -213,7 +217,10 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
         gb(traffic.kv_fixed as f64 + traffic.kv_per_position as f64 * mean_context),
     );
     match copy {
-        Some(c) => println!("copy bandwidth of {device}: {:.1} GB/s (read + written bytes).", c / 1e9),
+        Some(c) => println!(
+            "copy bandwidth of {device}: {:.1} GB/s (read + written bytes).",
+            c / 1e9
+        ),
         None => println!("copy bandwidth of {device}: not measured."),
     }
     println!(

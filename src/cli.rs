@@ -105,7 +105,13 @@ pub struct BenchArgs {
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt: usize,
     /// Tokens generated per run (greedy; end-of-sequence ignored).
-    #[arg(short = 'g', long = "gen", short_alias = 'n', alias = "max-tokens", default_value_t = 128)]
+    #[arg(
+        short = 'g',
+        long = "gen",
+        short_alias = 'n',
+        alias = "max-tokens",
+        default_value_t = 128
+    )]
     pub gen: usize,
     /// Timed runs, after one warm-up run.
     #[arg(short = 'r', long, default_value_t = 3)]

@@ -131,10 +131,17 @@ mod tests {
         // The same shapes untied: a separate lm_head is read whole, the embedding by one row.
         let mut p = mlxcel_models::synth::tensors(mlxcel_models::synth::preset("tiny-qwen3-4bit").unwrap(), 0).unwrap();
         p.config["tie_word_embeddings"] = serde_json::json!(false);
-        let embed: Vec<_> = p.tensors.iter().filter(|(n, _)| n.starts_with("model.embed_tokens")).cloned().collect();
+        let embed: Vec<_> = p
+            .tensors
+            .iter()
+            .filter(|(n, _)| n.starts_with("model.embed_tokens"))
+            .cloned()
+            .collect();
         for (n, t) in embed {
-            let copy = mlxcel_core::HostTensor::from_bytes(t.dtype, t.shape.clone(), Storage::from_vec(t.bytes().to_vec()));
-            p.tensors.push((n.replace("model.embed_tokens", "lm_head"), copy.unwrap()));
+            let copy =
+                mlxcel_core::HostTensor::from_bytes(t.dtype, t.shape.clone(), Storage::from_vec(t.bytes().to_vec()));
+            p.tensors
+                .push((n.replace("model.embed_tokens", "lm_head"), copy.unwrap()));
             p.modules.insert("lm_head".into(), p.modules["model.embed_tokens"]);
         }
         let untied = decode_traffic(&mlxcel_models::synth::from_tensors(p).unwrap(), DType::F32, 8).unwrap();

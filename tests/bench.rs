@@ -45,7 +45,10 @@ fn scratch(tag: &str) -> PathBuf {
 #[test]
 fn bench_json_has_every_figure_and_they_are_numbers() {
     let j = json(&["bench", "--preset", TINY, "-p", "8", "-g", "4", "-r", "2", "--json"]);
-    assert_eq!((j["device"].as_str(), j["prompt"].as_u64(), j["gen"].as_u64()), (Some("cpu"), Some(8), Some(4)));
+    assert_eq!(
+        (j["device"].as_str(), j["prompt"].as_u64(), j["gen"].as_u64()),
+        (Some("cpu"), Some(8), Some(4))
+    );
     for key in [
         "prefill_tps_mean",
         "prefill_tps_std",
@@ -80,11 +83,33 @@ fn bench_json_has_every_figure_and_they_are_numbers() {
 fn bench_prints_a_table_and_keeps_the_old_flag_spellings() {
     let out = ok(&["bench", "--preset", TINY, "--prompt", "4", "-n", "2", "--runs", "1"]);
     let header = out.lines().next().unwrap();
-    for column in ["prefill tok/s", "decode tok/s", "ms/token", "read/token", "GB/s", "of copy BW", "peak memory"] {
+    for column in [
+        "prefill tok/s",
+        "decode tok/s",
+        "ms/token",
+        "read/token",
+        "GB/s",
+        "of copy BW",
+        "peak memory",
+    ] {
         assert!(header.contains(column), "{column}: {out}");
     }
-    assert!(out.lines().nth(2).unwrap().starts_with(&format!("| {TINY} | cpu |")), "{out}");
-    ok(&["bench", "--preset", TINY, "-p", "4", "--max-tokens", "2", "-r", "1", "--json"]);
+    assert!(
+        out.lines().nth(2).unwrap().starts_with(&format!("| {TINY} | cpu |")),
+        "{out}"
+    );
+    ok(&[
+        "bench",
+        "--preset",
+        TINY,
+        "-p",
+        "4",
+        "--max-tokens",
+        "2",
+        "-r",
+        "1",
+        "--json",
+    ]);
     let presets = ok(&["bench", "--list-presets"]);
     for p in ["llama-3.1-8b-4bit", "qwen3-8b-4bit", "qwen2.5-0.5b-bf16", TINY] {
         assert!(presets.lines().any(|l| l == p), "{p}: {presets}");
@@ -98,14 +123,26 @@ fn bad_bench_flags_are_one_clear_error() {
     fails_with(&["bench", "--preset", TINY, "-r", "0"], "-r/--runs 0");
     fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
     fails_with(&["bench", "-m", "/no/such/model"], "does not exist");
-    assert_eq!(mlxcel(&["bench", "-p", "x"]).status.code(), Some(2), "clap rejects a non-number");
+    assert_eq!(
+        mlxcel(&["bench", "-p", "x"]).status.code(),
+        Some(2),
+        "clap rejects a non-number"
+    );
 }
 
 #[test]
 fn a_synth_folder_loads_in_mlxcel_and_depends_only_on_the_seed() {
     let (a, b, c) = (scratch("a"), scratch("b"), scratch("c"));
     for (dir, seed) in [(&a, "0"), (&b, "0"), (&c, "1")] {
-        ok(&["synth", "--preset", TINY, "--out", dir.to_str().unwrap(), "--seed", seed]);
+        ok(&[
+            "synth",
+            "--preset",
+            TINY,
+            "--out",
+            dir.to_str().unwrap(),
+            "--seed",
+            seed,
+        ]);
     }
     let weights = |d: &PathBuf| std::fs::read(d.join("model.safetensors")).unwrap();
     assert!(weights(&a) == weights(&b), "one seed, one model");
@@ -138,11 +175,21 @@ fn a_synth_folder_loads_in_mlxcel_and_depends_only_on_the_seed() {
 #[test]
 fn bad_synth_input_is_one_clear_error() {
     let d = scratch("bad");
-    fails_with(&["synth", "--preset", "gpt-9", "--out", d.to_str().unwrap()], "unknown preset \"gpt-9\"");
+    fails_with(
+        &["synth", "--preset", "gpt-9", "--out", d.to_str().unwrap()],
+        "unknown preset \"gpt-9\"",
+    );
     assert!(!d.exists(), "nothing written for a bad preset");
     let file = std::env::temp_dir().join(format!("mlxcel-bench-file-{}", std::process::id()));
     std::fs::write(&file, b"x").unwrap();
-    fails_with(&["synth", "--preset", TINY, "--out", file.to_str().unwrap()], "not a folder");
+    fails_with(
+        &["synth", "--preset", TINY, "--out", file.to_str().unwrap()],
+        "not a folder",
+    );
     std::fs::remove_file(&file).ok();
-    assert_eq!(mlxcel(&["synth", "--preset", TINY]).status.code(), Some(2), "--out is required");
+    assert_eq!(
+        mlxcel(&["synth", "--preset", TINY]).status.code(),
+        Some(2),
+        "--out is required"
+    );
 }

@@ -26,7 +26,10 @@ fn byte_char(b: u8) -> char {
 
 /// The tokenizer for a model of `vocab` ids; `<|endoftext|>` (id `vocab - 1`) ends generation.
 pub fn byte_level(vocab: usize) -> Result<Tokenizer> {
-    ensure!(vocab > 257, "a byte-level tokenizer needs more than 257 ids, got {vocab}");
+    ensure!(
+        vocab > 257,
+        "a byte-level tokenizer needs more than 257 ids, got {vocab}"
+    );
     let mut ids: Vocab = (0..=255u8).map(|b| (byte_char(b).to_string(), b as u32)).collect();
     for id in 256..vocab - 1 {
         ids.insert(format!("<|unused_{id}|>"), id as u32);

@@ -275,7 +275,14 @@ impl SparseMoe {
         let (e, ff) = (spec.experts, spec.intermediate);
         let shared = match spec.shared_expert {
             Some(n) => Some((
-                Mlp::load(w, &format!("{m}.shared_expert"), d, n, false, crate::transformer::Activation::Silu)?,
+                Mlp::load(
+                    w,
+                    &format!("{m}.shared_expert"),
+                    d,
+                    n,
+                    false,
+                    crate::transformer::Activation::Silu,
+                )?,
                 w.linear(&format!("{m}.shared_expert_gate"), d, 1, false)?,
             )),
             None => None,

@@ -401,7 +401,10 @@ mod tests {
     fn qwen3_8b_has_the_real_shape() {
         // Qwen/Qwen3-8B config.json; building the 4.6 GB of weights is the benchmark's job.
         let s = crate::spec_for(&qwen3_8b()).unwrap();
-        assert_eq!((s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim), (36, 4096, 32, 8, 128));
+        assert_eq!(
+            (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim),
+            (36, 4096, 32, 8, 128)
+        );
         assert_eq!((s.intermediate, s.vocab), (12288, 151936));
         assert!(s.qk_norm && !s.tie_embeddings && !s.qkv_bias);
         let m = load(preset("tiny-qwen3-4bit").unwrap(), 0).unwrap();

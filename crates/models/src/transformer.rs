@@ -174,7 +174,14 @@ impl Transformer {
             let m = format!("{p}.mlp");
             let mlp = match &spec.moe {
                 Some(moe) if moe.is_sparse(i) => Ffn::Sparse(SparseMoe::load(w, &m, d, moe)?),
-                _ => Ffn::Dense(Mlp::load(w, &m, d, spec.intermediate, spec.mlp_bias, spec.options.activation)?),
+                _ => Ffn::Dense(Mlp::load(
+                    w,
+                    &m,
+                    d,
+                    spec.intermediate,
+                    spec.mlp_bias,
+                    spec.options.activation,
+                )?),
             };
             let ffn_norms = if spec.options.sandwich_norms {
                 Some((
@@ -333,7 +340,16 @@ impl Attention {
         let kc = b.kv_write(kc, k, s.offset)?;
         let vc = b.kv_write(vc, v, s.offset)?;
         let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
-        let o = b.attention(q, kc, vc, s.kv_len, scale, true, spec.window(i), spec.options.attn_softcap)?;
+        let o = b.attention(
+            q,
+            kc,
+            vc,
+            s.kv_len,
+            scale,
+            true,
+            spec.window(i),
+            spec.options.attn_softcap,
+        )?;
         self.project_out(b, spec, o)
     }
 }
@@ -348,7 +364,14 @@ impl Ffn {
 }
 
 impl Mlp {
-    pub(crate) fn load(w: &Loader, prefix: &str, d: usize, ff: usize, bias: bool, activation: Activation) -> Result<Mlp> {
+    pub(crate) fn load(
+        w: &Loader,
+        prefix: &str,
+        d: usize,
+        ff: usize,
+        bias: bool,
+        activation: Activation,
+    ) -> Result<Mlp> {
         Ok(Mlp {
             gate: w.linear(&format!("{prefix}.gate_proj"), d, ff, bias)?,
             up: w.linear(&format!("{prefix}.up_proj"), d, ff, bias)?,

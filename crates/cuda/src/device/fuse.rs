@@ -149,13 +149,13 @@ fn glu_pair(graph: &Graph, g: usize, u: usize) -> bool {
                 && group_size == gu
                 && matches!(bits, 4 | 8)
                 && group_size % 32 == 0
-                && k % group_size == 0
+                && k.is_multiple_of(*group_size)
                 && (1..4).all(|j| same(j, j))
                 && graph.node(ng.inputs[2]).dtype == graph.node(ng.inputs[3]).dtype
         }
         (Op::MatMul { transpose_b: true }, Op::MatMul { transpose_b: true }) => {
             let w = graph.node(ng.inputs[1]);
-            same(1, 1) && w.shape.len() == 2 && k % 8 == 0 && matches!(w.dtype, DType::F16 | DType::BF16)
+            same(1, 1) && w.shape.len() == 2 && k.is_multiple_of(8) && matches!(w.dtype, DType::F16 | DType::BF16)
         }
         _ => false,
     }

@@ -163,7 +163,8 @@ pub fn node(
     let input = |k: usize| graph.node(node.inputs[k]);
     let n = node.shape.iter().product::<usize>();
     let ni = n as i64;
-    if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)? {
+    if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)?
+    {
         return Ok(());
     }
     match &node.op {

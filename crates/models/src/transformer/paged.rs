@@ -85,7 +85,16 @@ impl Attention {
         let kc = read(b, "k", k)?;
         let vc = read(b, "v", v)?;
         let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
-        let o = b.attention(q, kc, vc, s.kv_len, scale, true, spec.window(i), spec.options.attn_softcap)?;
+        let o = b.attention(
+            q,
+            kc,
+            vc,
+            s.kv_len,
+            scale,
+            true,
+            spec.window(i),
+            spec.options.attn_softcap,
+        )?;
         self.project_out(b, spec, o)
     }
 }
