@@ -78,6 +78,11 @@ pub struct DecoderOptions {
 }
 
 impl DecoderSpec {
+    /// The attention logit scale: `query_pre_attn_scalar`'s, else `1/√head_dim`.
+    pub fn attention_scale(&self) -> f32 {
+        self.options.attn_scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
     /// Layer `i`'s sliding window, if it has one.
     pub fn window(&self, i: usize) -> Option<usize> {
         self.options.windows.get(i).copied().flatten()
@@ -339,7 +344,7 @@ impl Attention {
         let vc = b.state(&format!("layers.{i}.v_cache"), s.dtype, &cache);
         let kc = b.kv_write(kc, k, s.offset)?;
         let vc = b.kv_write(vc, v, s.offset)?;
-        let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        let scale = spec.attention_scale();
         let o = b.attention(
             q,
             kc,

@@ -499,7 +499,8 @@ pub fn node(
             let (sq, sk) = (&input(0).shape, &input(1).shape);
             let dv = input(2).shape[3];
             let rows = sq[0] * sq[1] * sq[2];
-            let args = [
+            // q, k, v and the length: the leading parameters of both attention kernels.
+            let operands = [
                 Ptr(ptr(0)),
                 I32(fcode(input(0).dtype)?),
                 Ptr(ptr(1)),
@@ -508,6 +509,9 @@ pub fn node(
                 Ptr(ptr(3)),
                 I32(icode(input(3).dtype)?),
                 I32(input(3).shape.iter().product::<usize>() as i32),
+            ];
+            let mut args = operands.to_vec();
+            args.extend([
                 Ptr(out),
                 I32(fcode(node.dtype)?),
                 I64(sq[1] as i64),
@@ -522,18 +526,11 @@ pub fn node(
                 F32(softcap.unwrap_or(0.0)),
                 Ptr(error),
                 I32(tag),
-            ];
+            ]);
             if let (Some(splits), true) = (decode_attention_splits(graph, i), scratch != 0) {
                 let chunk = sk[2].div_ceil(splits);
-                let split_args = [
-                    Ptr(ptr(0)),
-                    I32(fcode(input(0).dtype)?),
-                    Ptr(ptr(1)),
-                    Ptr(ptr(2)),
-                    I32(fcode(input(1).dtype)?),
-                    Ptr(ptr(3)),
-                    I32(icode(input(3).dtype)?),
-                    I32(input(3).shape.iter().product::<usize>() as i32),
+                let mut split_args = operands.to_vec();
+                split_args.extend([
                     Ptr(scratch),
                     I64(sq[1] as i64),
                     I64(sk[1] as i64),
@@ -547,7 +544,7 @@ pub fn node(
                     I64(chunk as i64),
                     Ptr(error),
                     I32(tag),
-                ];
+                ]);
                 gpu.launch_grid("attention_split", (rows as u32, splits as u32), 128, 0, &split_args)?;
                 let combine = [
                     Ptr(scratch),

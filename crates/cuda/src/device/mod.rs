@@ -635,6 +635,7 @@ impl Gpu {
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
+#[derive(Clone)]
 pub(crate) enum Arg {
     /// A device pointer (`const T*` / `T*`).
     Ptr(u64),

@@ -84,7 +84,7 @@ impl Attention {
         };
         let kc = read(b, "k", k)?;
         let vc = read(b, "v", v)?;
-        let scale = spec.options.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        let scale = spec.attention_scale();
         let o = b.attention(
             q,
             kc,
