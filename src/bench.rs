@@ -7,11 +7,14 @@
 use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use mlxcel_core::rng::SplitMix64;
-use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
-use mlxcel_models::Transformer;
+use mlxcel_core::stats;
+use mlxcel_engine::engine::decode_graph;
+use mlxcel_engine::{Engine, GenerateOptions, GraphDType, SamplerSettings};
+use mlxcel_models::synth::SynthOptions;
+use mlxcel_models::{DTypePlan, DTypePolicy, Transformer};
 use serde_json::json;
 
-use crate::cli::{BenchArgs, Global};
+use crate::cli::{BenchArgs, Device, Global};
 use crate::traffic::decode_traffic;
 
 /// Mean and sample standard deviation (0 for one value).
@@ -52,21 +55,28 @@ fn validate(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn model(global: &Global, a: &BenchArgs) -> Result<(Transformer, String)> {
+/// The model to bench, loaded under `policy` for `device`, and how the table names it.
+fn model(global: &Global, a: &BenchArgs, policy: DTypePolicy, device: &str) -> Result<((Transformer, DTypePlan), String)> {
+    ensure!(
+        !a.f32_norms || a.preset.is_some(),
+        "--f32-norms changes a --preset's random weights; it does not apply to --model"
+    );
     match (&a.preset, &global.model) {
         (Some(_), Some(_)) => bail!("give either --preset or --model, not both"),
         (None, None) => bail!("bench needs --preset NAME or --model PATH"),
         (Some(p), None) => {
             let preset = mlxcel_models::synth::preset(p)?;
             let b = bar(0, "building random weights {bar:40} {pos}/{len} layers ({eta})", a.json);
-            let m = mlxcel_models::synth::tensors_with_progress(preset, a.seed, &mut |done, total| {
+            let opts = SynthOptions { f32_norms: a.f32_norms };
+            let m = mlxcel_models::synth::tensors_with(preset, a.seed, opts, &mut |done, total| {
                 b.set_length(total as u64);
                 b.set_position(done as u64);
             })?;
             b.finish_and_clear();
-            Ok((mlxcel_models::synth::from_tensors(m)?, p.clone()))
+            let what = if a.f32_norms { format!("{p} (f32 norms)") } else { p.clone() };
+            Ok((mlxcel_models::synth::from_tensors_for(m, policy, device)?, what))
         }
-        (None, Some(m)) => Ok((crate::progress::load_model(m)?, m.display().to_string())),
+        (None, Some(m)) => Ok((crate::progress::load_model(m, policy, device)?, m.display().to_string())),
     }
 }
 
@@ -89,15 +99,28 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     validate(&a)?;
-    let (model, what) = model(global, &a)?;
-    let backend = crate::backend(global.device)?;
-    let device = backend.name();
-    let dtype = crate::compute_dtype(&global.dtype, device)?;
-    let vocab = model.spec.vocab as u64;
     let context = a.prompt + a.gen;
+    // --graph-only needs no device: the policy is the named device's, the graph what it runs.
+    let (backend, device) = match (a.graph_only, global.device) {
+        (true, Device::Cuda) => (None, "cuda"),
+        (true, Device::Cpu) => (None, "cpu"),
+        _ => {
+            let b = crate::backend(global.device)?;
+            let name = b.name();
+            (Some(b), name)
+        }
+    };
+    let (policy, _) = crate::dtype::resolve(global.dtype.as_deref(), global.model.as_deref())?;
+    let ((model, plan), what) = model(global, &a, policy, device)?;
+    let Some(backend) = backend else {
+        return graph_only(global, &a, model, &plan, device, &what, context);
+    };
+    let vocab = model.spec.vocab as u64;
+    let dtype = plan.activation_dtype(&model);
     // Counted on a cache of the size the runs use; the count per position does not depend on it.
     let traffic = decode_traffic(&model, dtype, context)?;
-    let mut engine = Engine::new(model, backend, dtype, Some(context))?;
+    let mut engine = Engine::for_plan(model, backend, &plan, Some(context))?;
+    crate::trace::configure(&mut engine, global);
     let mut rng = SplitMix64(7);
     let prompt: Vec<u32> = (0..a.prompt).map(|_| rng.below(vocab) as u32).collect();
     let opts = GenerateOptions {
@@ -164,6 +187,7 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     // The figure for "peak device memory": what the driver saw in use on a GPU; on the CPU,
     // whose device memory is host memory, the process's peak resident set.
     let peak = device_used.unwrap_or(host_peak as usize);
+    let counts = crate::trace::report(&engine)?;
 
     if a.json {
         let (pf, dc, mt) = (mean_std(&prefill), mean_std(&decode), mean_std(&ms));
@@ -186,7 +210,7 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
                 "parameter_bytes": session.parameter_bytes,
             },
         });
-        println!("{obj}");
+        println!("{}", crate::trace::merge(obj, crate::trace::json_fields(&engine, counts)));
         return Ok(());
     }
     println!(
@@ -232,5 +256,51 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
         gb(host_peak as f64),
         device_used.map_or(String::new(), |u| format!("; device in use {}", gb(u as f64))),
     );
+    Ok(())
+}
+
+/// `--graph-only`: the decode step graph at this run's cache size, counted, not run.
+fn graph_only(
+    global: &Global,
+    a: &BenchArgs,
+    model: Transformer,
+    plan: &DTypePlan,
+    device: &str,
+    what: &str,
+    context: usize,
+) -> Result<()> {
+    let dtype = GraphDType {
+        activations: plan.activation_dtype(&model),
+        options: plan.builder_options(),
+        policy: plan.policy.name(),
+    };
+    let capacity = context.max(1); // what bench's engine allocates (its context is the run)
+    let graph = decode_graph(&model, dtype, &SamplerSettings::default(), capacity)?;
+    crate::trace::write_dot(&graph, global)?;
+    let s = stats::stats(&graph);
+    crate::trace::print_graph(&format!("decode step of {what}, cache {capacity}"), &s);
+    eprintln!(
+        "{}",
+        crate::trace::summary(s.astype.len(), s.nodes, dtype.policy, device)
+    );
+    if a.json {
+        let obj = serde_json::json!({
+            "model": what, "device": device, "astype_per_step": s.astype.len(), "nodes_per_step": s.nodes,
+            "dtype_policy": dtype.policy, "activation_dtype": dtype.activations.short(),
+            "tensor_dtype": plan.tensors.map(|d| d.short()),
+            "astype": s.astype_breakdown().iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+        });
+        println!("{obj}");
+    } else {
+        println!("| model | policy | backend | activations | AsType per step | nodes per step |");
+        println!("|---|---|---|---|---|---|");
+        println!(
+            "| {what} | {} | {device} | {} | {} | {} |",
+            dtype.policy,
+            dtype.activations,
+            s.astype.len(),
+            s.nodes
+        );
+    }
     Ok(())
 }

@@ -26,9 +26,13 @@ pub struct Global {
     /// Where to run.
     #[arg(long, global = true, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
-    /// Compute dtype: auto, native, f16, bf16 or f32 (the CPU runs f32 under auto).
-    #[arg(long, global = true, default_value = "auto")]
-    pub dtype: String,
+    /// Dtype policy: auto, native, f16, bf16 or f32 [default: MLXCEL_DTYPE, else the `dtype`
+    /// key of mlxcel.toml beside the model, else auto (f32 activations on the CPU, f16 on CUDA)]
+    #[arg(long, global = true)]
+    pub dtype: Option<String>,
+    /// Write the decode step graph as Graphviz DOT (also MLXCEL_EXPORT_DECODE_DOT=FILE).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub dump_graph: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -122,6 +126,13 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of the table (and draw no progress bars).
     #[arg(long)]
     pub json: bool,
+    /// Build the decode step graph and report its node and AsType counts without running it;
+    /// with --device cuda this needs no GPU (the graph is the one CUDA would run).
+    #[arg(long)]
+    pub graph_only: bool,
+    /// With --preset: norm weights stored as float32 instead of bfloat16.
+    #[arg(long)]
+    pub f32_norms: bool,
 }
 
 #[derive(Args)]

@@ -260,6 +260,16 @@ pub fn command(global: &crate::cli::Global, a: crate::cli::DemoArgs) -> Result<(
         std::fs::write(&path, stats::to_dot(&report.decode_graph))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    crate::trace::write_dot(&report.decode_graph, global)?;
     print_report(&report);
+    if crate::trace::enabled() {
+        let s = stats::stats(&report.decode_graph);
+        crate::trace::print_graph("demo decode step", &s);
+        let policy = format!("fixed {activations}");
+        eprintln!(
+            "{}",
+            crate::trace::summary(s.astype.len(), s.nodes, &policy, backend.name())
+        );
+    }
     Ok(())
 }

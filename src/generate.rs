@@ -90,10 +90,7 @@ fn config_eos(dir: &Path) -> Vec<u32> {
 }
 
 fn engine(global: &Global, dir: &Path, max_context: Option<usize>) -> Result<Engine> {
-    let backend = crate::backend(global.device)?;
-    let dtype = crate::compute_dtype(&global.dtype, backend.name())?;
-    let model = crate::progress::load_model(dir)?;
-    Engine::new(model, backend, dtype, max_context)
+    crate::load_engine(global, dir, max_context)
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`), 0 where unknown.
@@ -161,6 +158,7 @@ pub fn generate(global: &Global, args: GenerateArgs) -> Result<()> {
         None => String::new(),
     };
     let peak = peak_memory_bytes();
+    let counts = crate::trace::report(&engine)?;
     if json {
         let obj = serde_json::json!({
             "prompt_tokens": prompt_ids,
@@ -171,6 +169,7 @@ pub fn generate(global: &Global, args: GenerateArgs) -> Result<()> {
             "decode_tps": result.decode_tps,
             "peak_memory_bytes": peak,
         });
+        let obj = crate::trace::merge(obj, crate::trace::json_fields(&engine, counts));
         writeln!(stdout, "{obj}")?;
     }
     eprintln!(
@@ -199,10 +198,15 @@ pub fn perplexity(global: &Global, args: PerplexityArgs) -> Result<()> {
     let nll = engine.perplexity(&tokens, args.prefill_chunk)?;
     let mean = nll.iter().sum::<f64>() / nll.len() as f64;
     let ppl = mean.exp();
+    if crate::trace::dot_path(global).is_some() {
+        crate::trace::write_dot(&engine.decode_graph(&SamplerSettings::default())?, global)?;
+    }
+    let counts = crate::trace::report(&engine)?;
     if args.json {
+        let obj = serde_json::json!({ "tokens": tokens, "nll": nll, "mean_nll": mean, "ppl": ppl });
         println!(
             "{}",
-            serde_json::json!({ "tokens": tokens, "nll": nll, "mean_nll": mean, "ppl": ppl })
+            crate::trace::merge(obj, crate::trace::json_fields(&engine, counts))
         );
     } else {
         println!("{} tokens, mean nll {mean:.4}, perplexity {ppl:.4}", tokens.len());

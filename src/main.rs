@@ -4,17 +4,22 @@ mod bench;
 mod cli;
 mod convert;
 mod demo;
+mod dtype;
 mod generate;
 mod progress;
 mod serve;
 mod synth;
+mod trace;
 mod traffic;
 
-use anyhow::{bail, Result};
-use clap::Parser;
-use mlxcel_core::{Backend, DType};
+use std::path::Path;
 
-use cli::{Cli, Command, Device};
+use anyhow::Result;
+use clap::Parser;
+use mlxcel_core::Backend;
+use mlxcel_engine::Engine;
+
+use cli::{Cli, Command, Device, Global};
 
 pub fn backend(device: Device) -> Result<Box<dyn Backend>> {
     match device {
@@ -27,17 +32,15 @@ pub fn backend(device: Device) -> Result<Box<dyn Backend>> {
     }
 }
 
-/// The activation dtype for `--dtype` on `backend`. On the CPU, `auto` is f32: the CPU is the
-/// oracle, computing in f32 with weights widened inside kernels.
-pub fn compute_dtype(flag: &str, backend: &str) -> Result<DType> {
-    match (flag, backend) {
-        ("auto" | "f32" | "float32", "cpu") => Ok(DType::F32),
-        ("native" | "f16" | "float16" | "bf16" | "bfloat16", _) => {
-            bail!("--dtype {flag} is not available yet (it arrives with single-dtype decode); use auto or f32")
-        }
-        ("auto" | "f32" | "float32", _) => Ok(DType::F32),
-        _ => bail!("--dtype {flag}: expected auto, native, f16, bf16 or f32"),
-    }
+/// An engine for the model at `path` on `--device`, under the `--dtype` policy (flag,
+/// `MLXCEL_DTYPE`, `mlxcel.toml`, default), with dtype tracing set up from the environment.
+pub fn load_engine(global: &Global, path: &Path, max_context: Option<usize>) -> Result<Engine> {
+    let backend = backend(global.device)?;
+    let (policy, _) = dtype::resolve(global.dtype.as_deref(), Some(path))?;
+    let (model, plan) = progress::load_model(path, policy, backend.name())?;
+    let mut engine = Engine::for_plan(model, backend, &plan, max_context)?;
+    trace::configure(&mut engine, global);
+    Ok(engine)
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -4,14 +4,15 @@ use std::path::Path;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use mlxcel_models::Transformer;
+use mlxcel_models::{DTypePlan, DTypePolicy, Transformer};
 
 /// Models smaller than this load too fast for a bar to help.
 const BAR_MIN_BYTES: usize = 256 << 20;
 
-pub fn load_model(dir: &Path) -> Result<Transformer> {
+/// Loads the model at `dir` under `policy` for the backend named `backend`.
+pub fn load_model(dir: &Path, policy: DTypePolicy, backend: &str) -> Result<(Transformer, DTypePlan)> {
     let mut bar: Option<ProgressBar> = None;
-    let model = mlxcel_models::load_with_progress(dir, &mut |done, total| {
+    let model = mlxcel_models::load_for(dir, policy, backend, &mut |done, total| {
         if total < BAR_MIN_BYTES {
             return;
         }

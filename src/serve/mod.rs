@@ -63,9 +63,10 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
     ensure!(args.block_size > 0, "--block-size must be positive");
     ensure!(args.max_queue > 0, "--max-queue must be positive");
     let backend = crate::backend(global.device)?;
-    let dtype = crate::compute_dtype(&global.dtype, backend.name())?;
     let tokenizer = Tokenizer::from_dir(dir).context("serve needs the model's tokenizer")?;
-    let model = crate::progress::load_model(dir)?;
+    let (policy, _) = crate::dtype::resolve(global.dtype.as_deref(), Some(dir))?;
+    let (model, plan) = crate::progress::load_model(dir, policy, backend.name())?;
+    let dtype = plan.activation_dtype(&model);
     let max_context = args.max_context.unwrap_or(model.spec.max_position);
     ensure!(max_context > 0, "--max-context must be positive");
     let kv_tokens = args

@@ -57,6 +57,87 @@ pub fn stats(graph: &Graph) -> GraphStats {
     s
 }
 
+/// AsType nodes that share a source op, origin, tensor (layer indices as `N`) and dtypes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsTypeGroup {
+    pub source_op: &'static str,
+    pub origin: &'static str,
+    pub tensor: Option<String>,
+    pub from: DType,
+    pub to: DType,
+    pub count: usize,
+    /// The layers its nodes belong to (empty: outside the layers).
+    pub layers: Vec<u32>,
+}
+
+/// `model.layers.12.mlp` → `model.layers.N.mlp`: one name for the same tensor of every layer.
+fn layer_pattern(name: &str) -> String {
+    name.split('.')
+        .map(|part| {
+            if !part.is_empty() && part.bytes().all(|c| c.is_ascii_digit()) {
+                "N"
+            } else {
+                part
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+impl GraphStats {
+    /// The AsType nodes grouped by source (op, origin, tensor, from → to), most frequent first.
+    pub fn astype_breakdown(&self) -> Vec<AsTypeGroup> {
+        let mut groups: Vec<AsTypeGroup> = Vec::new();
+        for a in &self.astype {
+            let tensor = a.tensor.as_deref().map(layer_pattern);
+            let found = groups.iter_mut().find(|g| {
+                (g.source_op, g.origin, &g.tensor, g.from, g.to) == (a.source_op, a.origin, &tensor, a.from, a.to)
+            });
+            let g = match found {
+                Some(g) => g,
+                None => {
+                    groups.push(AsTypeGroup {
+                        source_op: a.source_op,
+                        origin: a.origin,
+                        tensor,
+                        from: a.from,
+                        to: a.to,
+                        count: 0,
+                        layers: Vec::new(),
+                    });
+                    groups.last_mut().expect("just pushed")
+                }
+            };
+            g.count += 1;
+            if let Some(l) = a.layer {
+                if !g.layers.contains(&l) {
+                    g.layers.push(l);
+                }
+            }
+        }
+        groups.sort_by_key(|g| std::cmp::Reverse(g.count));
+        groups
+    }
+}
+
+impl fmt::Display for AsTypeGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}× {} → {} for {} of {}",
+            self.count, self.from, self.to, self.origin, self.source_op
+        )?;
+        if let Some(t) = &self.tensor {
+            write!(f, " ({t})")?;
+        }
+        if !self.layers.is_empty() {
+            let names: Vec<String> = self.layers.iter().map(|l| format!("L{l}")).collect();
+            write!(f, " in {}", summarize(&names))?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for GraphStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} nodes, {} AsType", self.nodes, self.astype.len())?;

@@ -53,3 +53,38 @@ fn dot_has_every_node_and_edge_and_marks_astype() {
     assert!(dot.contains("scaled.3"), "named node shows its layer");
     assert!(dot.contains("fillcolor=\"#fdae6b\""), "bf16 nodes are coloured");
 }
+
+#[test]
+fn breakdown_groups_casts_by_source_across_layers() {
+    // Three layers each widen their bf16 norm weight for a `mul` (a parameter cast), and one
+    // activation is narrowed at the end: two groups, the parameter one naming `layers.N`.
+    let mut b = GraphBuilder::default();
+    let mut x = b.input("x", DType::F32, &[1, 4]);
+    for l in 0..3 {
+        b.set_layer(Some(l));
+        let w = b.parameter(
+            &format!("model.layers.{l}.norm.weight"),
+            HostTensor::zeros(DType::BF16, &[4]),
+        );
+        x = b.mul(x, w).unwrap();
+    }
+    b.set_layer(None);
+    let y = b.astype(x, DType::F16);
+    let s = stats(&b.finish(&[y]));
+    assert_eq!(s.astype.len(), 4);
+    let groups = s.astype_breakdown();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let g = &groups[0];
+    assert_eq!((g.count, g.from, g.to, g.origin), (3, DType::BF16, DType::F32, "mul"));
+    assert_eq!(g.tensor.as_deref(), Some("model.layers.N.norm.weight"));
+    assert_eq!(g.layers, vec![0, 1, 2]);
+    assert_eq!(
+        g.to_string(),
+        "3× bf16 → f32 for mul of parameter (model.layers.N.norm.weight) in L0,L1,L2"
+    );
+    assert_eq!(
+        (groups[1].count, groups[1].origin, groups[1].source_op),
+        (1, "astype", "mul")
+    );
+    assert!(groups[1].layers.is_empty());
+}

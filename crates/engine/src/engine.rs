@@ -2,12 +2,14 @@
 //! and replayed; the KV cache grows in chunks; prefill runs in chunks.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use mlxcel_core::passes::{default_passes, run_passes};
-use mlxcel_core::{Backend, CompileOptions, DType, GraphBuilder, GraphId, HostTensor, Session};
-use mlxcel_models::{StepInputs, Transformer};
+use mlxcel_core::stats::{self, GraphStats};
+use mlxcel_core::{Backend, BuilderOptions, CompileOptions, DType, Graph, GraphBuilder, GraphId, HostTensor, Session};
+use mlxcel_models::{DTypePlan, StepInputs, Transformer};
 
 use crate::sampler::{self, SamplerSettings};
 
@@ -55,16 +57,42 @@ pub struct Generation {
     pub decode_tps: f64,
 }
 
+/// How step graphs are typed: the activation dtype, the builder's promotion options and the
+/// `--dtype` policy they came from (for reports).
+#[derive(Clone, Copy, Debug)]
+pub struct GraphDType {
+    pub activations: DType,
+    pub options: BuilderOptions,
+    pub policy: &'static str,
+}
+
+/// One step graph the engine built, with its statistics (see `MLXCEL_TRACE_DTYPE`).
+#[derive(Clone, Debug)]
+pub struct StepGraphStats {
+    /// `decode`, `prefill`, `prefill+sample` or `nll`.
+    pub kind: &'static str,
+    pub tokens: usize,
+    pub capacity: usize,
+    pub stats: GraphStats,
+    /// Times it ran (counted only while tracing).
+    pub runs: usize,
+}
+
 pub struct Engine {
     model: Transformer,
     backend: Box<dyn Backend>,
     session: Box<dyn Session>,
-    dtype: DType,
+    dtype: GraphDType,
     capacity: usize,
     max_context: usize,
     graphs: HashMap<(String, usize), GraphId>,
     /// Tokens currently in the cache.
     position: usize,
+    /// Every step graph built, in order; `stats_of[id]` indexes it.
+    built: Vec<StepGraphStats>,
+    stats_of: HashMap<GraphId, usize>,
+    trace: bool,
+    export_dot: Option<PathBuf>,
 }
 
 impl Engine {
@@ -72,6 +100,35 @@ impl Engine {
         model: Transformer,
         backend: Box<dyn Backend>,
         dtype: DType,
+        max_context: Option<usize>,
+    ) -> Result<Engine> {
+        let dtype = GraphDType {
+            activations: dtype,
+            options: BuilderOptions::default(),
+            policy: "fixed",
+        };
+        Engine::with_dtype(model, backend, dtype, max_context)
+    }
+
+    /// An engine for `model` loaded under `plan` (see `mlxcel_models::load_for`).
+    pub fn for_plan(
+        model: Transformer,
+        backend: Box<dyn Backend>,
+        plan: &DTypePlan,
+        max_context: Option<usize>,
+    ) -> Result<Engine> {
+        let dtype = GraphDType {
+            activations: plan.activation_dtype(&model),
+            options: plan.builder_options(),
+            policy: plan.policy.name(),
+        };
+        Engine::with_dtype(model, backend, dtype, max_context)
+    }
+
+    pub fn with_dtype(
+        model: Transformer,
+        backend: Box<dyn Backend>,
+        dtype: GraphDType,
         max_context: Option<usize>,
     ) -> Result<Engine> {
         let max_context = max_context.unwrap_or(model.spec.max_position);
@@ -86,7 +143,54 @@ impl Engine {
             max_context,
             graphs: HashMap::new(),
             position: 0,
+            built: Vec::new(),
+            stats_of: HashMap::new(),
+            trace: false,
+            export_dot: None,
         })
+    }
+
+    pub fn graph_dtype(&self) -> GraphDType {
+        self.dtype
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Counts every run of every step graph (for `MLXCEL_TRACE_DTYPE`); off, nothing is
+    /// done per step beyond running it.
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on;
+    }
+
+    /// Writes each decode step graph the engine builds to `path` as Graphviz DOT.
+    pub fn set_export_dot(&mut self, path: Option<PathBuf>) {
+        self.export_dot = path;
+    }
+
+    /// Every step graph built so far, with statistics (computed once per graph).
+    pub fn step_graphs(&self) -> &[StepGraphStats] {
+        &self.built
+    }
+
+    /// `(AsType, nodes)` of the decode step graph, the largest if several were built.
+    pub fn decode_counts(&self) -> Option<(usize, usize)> {
+        let decode = self.built.iter().filter(|g| g.kind == "decode");
+        let astype = decode.clone().map(|g| g.stats.astype.len()).max()?;
+        let nodes = decode.map(|g| g.stats.nodes).max()?;
+        Some((astype, nodes))
+    }
+
+    /// The decode step graph for `sampler` at the current cache capacity, built but not
+    /// loaded (what a decode step would run).
+    pub fn decode_graph(&self, sampler: &SamplerSettings) -> Result<Graph> {
+        let capacity = if self.capacity > 0 {
+            self.capacity
+        } else {
+            CACHE_CHUNK.min(self.max_context)
+        };
+        decode_graph(&self.model, self.dtype, sampler, capacity)
     }
 
     pub fn model(&self) -> &Transformer {
@@ -118,6 +222,7 @@ impl Engine {
         }
         let old = std::mem::replace(&mut self.session, self.backend.new_session()?);
         self.graphs.clear();
+        self.stats_of.clear();
         self.capacity = needed
             .div_ceil(CACHE_CHUNK)
             .saturating_mul(CACHE_CHUNK)
@@ -141,40 +246,28 @@ impl Engine {
         if let Some(&id) = self.graphs.get(&key) {
             return Ok(id);
         }
-        let mut b = GraphBuilder::default();
-        let inputs = StepInputs {
-            tokens: b.input("tokens", DType::I32, &[1, t]),
-            positions: b.input("positions", DType::I32, &[t]),
-            offset: b.input("offset", DType::I32, &[]),
-            kv_len: mlxcel_core::NodeId(0), // set below
-            tokens_len: t,
-            capacity: self.capacity,
-            dtype: self.dtype,
-            last_only: !matches!(head, Head::Nll),
+        let graph = step_graph(&self.model, self.dtype, head, t, self.capacity)?;
+        let kind = match head {
+            Head::None => "prefill",
+            Head::Sample(_) if t == 1 => "decode",
+            Head::Sample(_) => "prefill+sample",
+            Head::Nll => "nll",
         };
-        let kv_len = b.add_scalar(inputs.offset, t as f32)?;
-        let inputs = StepInputs { kv_len, ..inputs };
-        let logits = self.model.forward(&mut b, &inputs)?;
-        let outputs = match head {
-            Head::None => vec![],
-            Head::Sample(s) => {
-                let vocab = self.model.spec.vocab;
-                let logits = b.reshape(logits, &[1, vocab])?;
-                vec![sampler::build(&mut b, logits, s)?.0]
+        if kind == "decode" {
+            if let Some(path) = &self.export_dot {
+                std::fs::write(path, stats::to_dot(&graph))
+                    .with_context(|| format!("writing the decode graph to {}", path.display()))?;
             }
-            Head::Nll => {
-                let vocab = self.model.spec.vocab;
-                let logits = b.reshape(logits, &[t, vocab])?;
-                let logits = b.astype(logits, DType::F32);
-                let targets = b.input("targets", DType::I32, &[t, 1]);
-                let lse = b.reduce(mlxcel_core::ReduceOp::LogSumExp, logits, -1, false)?;
-                let picked = b.take_along_axis(logits, targets, -1)?;
-                let picked = b.reshape(picked, &[t])?;
-                vec![b.sub(lse, picked)?]
-            }
-        };
-        let graph = run_passes(&b.finish(&outputs), &default_passes())?;
+        }
         let id = self.session.load(&graph, CompileOptions::default())?;
+        self.stats_of.insert(id, self.built.len());
+        self.built.push(StepGraphStats {
+            kind,
+            tokens: t,
+            capacity: self.capacity,
+            stats: stats::stats(&graph),
+            runs: 0,
+        });
         self.graphs.insert(key, id);
         Ok(id)
     }
@@ -192,6 +285,11 @@ impl Engine {
             HostTensor::from_slice(&[], &[self.position as i32])?,
         ];
         inputs.extend(extra);
+        if self.trace {
+            if let Some(&i) = self.stats_of.get(&id) {
+                self.built[i].runs += 1;
+            }
+        }
         let out = self.session.run(id, &inputs)?;
         self.position += t;
         Ok(out)
@@ -321,6 +419,55 @@ impl Engine {
         }
         Ok(nll)
     }
+}
+
+/// The decode step graph (one token, sampler head) of `model` typed by `dtype` over a cache
+/// of `capacity` positions, after the default passes: what a decode step runs, on any
+/// backend, built without one.
+pub fn decode_graph(
+    model: &Transformer,
+    dtype: GraphDType,
+    sampler: &SamplerSettings,
+    capacity: usize,
+) -> Result<Graph> {
+    step_graph(model, dtype, &Head::Sample(sampler.clone()), 1, capacity)
+}
+
+fn step_graph(model: &Transformer, dtype: GraphDType, head: &Head, t: usize, capacity: usize) -> Result<Graph> {
+    let mut b = GraphBuilder::new(dtype.options);
+    let inputs = StepInputs {
+        tokens: b.input("tokens", DType::I32, &[1, t]),
+        positions: b.input("positions", DType::I32, &[t]),
+        offset: b.input("offset", DType::I32, &[]),
+        kv_len: mlxcel_core::NodeId(0), // set below
+        tokens_len: t,
+        capacity,
+        dtype: dtype.activations,
+        last_only: !matches!(head, Head::Nll),
+    };
+    let kv_len = b.add_scalar(inputs.offset, t as f32)?;
+    let inputs = StepInputs { kv_len, ..inputs };
+    let logits = model.forward(&mut b, &inputs)?;
+    let vocab = model.spec.vocab;
+    let outputs = match head {
+        Head::None => vec![],
+        Head::Sample(s) => {
+            let logits = b.reshape(logits, &[1, vocab])?;
+            vec![sampler::build(&mut b, logits, s)?.0]
+        }
+        Head::Nll => {
+            // A measurement, not a decode step: one widening of the logits so the
+            // log-sum-exp and the difference are exact to f32 whatever the graph dtype.
+            let logits = b.reshape(logits, &[t, vocab])?;
+            let logits = b.astype(logits, DType::F32);
+            let targets = b.input("targets", DType::I32, &[t, 1]);
+            let lse = b.reduce(mlxcel_core::ReduceOp::LogSumExp, logits, -1, false)?;
+            let picked = b.take_along_axis(logits, targets, -1)?;
+            let picked = b.reshape(picked, &[t])?;
+            vec![b.sub(lse, picked)?]
+        }
+    };
+    Ok(run_passes(&b.finish(&outputs), &default_passes())?)
 }
 
 /// `cache [B, H, S, D]` copied into a zeroed `[B, H, capacity, D]`.

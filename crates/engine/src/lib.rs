@@ -12,5 +12,5 @@ pub mod sampler;
 pub mod scheduler;
 pub mod tokenizer;
 
-pub use engine::{Engine, FinishReason, GenerateOptions, Generation};
+pub use engine::{Engine, FinishReason, GenerateOptions, Generation, GraphDType, StepGraphStats};
 pub use sampler::SamplerSettings;

@@ -83,20 +83,20 @@ pub struct SamplerInputs {
     pub recent: bool,
 }
 
-fn neg_inf(b: &mut GraphBuilder) -> NodeId {
-    b.scalar(f32::NEG_INFINITY, DType::F32)
-}
-
 /// `where(keep, l, -inf)`.
 fn mask(b: &mut GraphBuilder, keep: NodeId, l: NodeId) -> Result<NodeId> {
-    let ninf = neg_inf(b);
+    let ninf = b.scalar(f32::NEG_INFINITY, b.dtype(l));
     Ok(b.where_(keep, l, ninf)?)
 }
 
-/// Appends the sampler to `logits [1, V]` (f32); returns the token (`u32 [1]`).
+/// Appends the sampler to `logits [1, V]`; returns the token (`u32 [1]`). The chain stays in
+/// the logits' dtype (its scalars are made in it), as mlx-lm's sampler does, so a
+/// single-dtype model gets a sampler without conversions.
 pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Result<(NodeId, SamplerInputs)> {
     let vocab = b.shape(logits)[1];
-    let mut l = b.astype(logits, DType::F32);
+    let dtype = b.dtype(logits);
+    ensure!(dtype.is_float(), "the sampler needs float logits, got {dtype}");
+    let mut l = logits;
     let counter = if s.is_greedy() {
         None
     } else {
@@ -108,14 +108,16 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
         None
     };
     if let Some(recent) = recent {
+        // Token v was seen when some recent id equals it (the -1 padding never does); the
+        // hits become 0/1 in the logits' dtype by a select, so no cast enters the chain.
         let ids: Vec<i32> = (0..vocab as i32).collect();
         let iota = b.constant(HostTensor::from_slice(&[vocab], &ids)?);
         let hits = b.compare(CompareOp::Eq, recent, iota)?; // [W, V]
-        let hits = b.astype(hits, DType::F32);
+        let (one, zero) = (b.scalar(1.0, dtype), b.scalar(0.0, dtype));
+        let hits = b.where_(hits, one, zero)?;
         let seen = b.reduce(ReduceOp::Max, hits, 0, true)?; // [1, V]
-        let half = b.scalar(0.5, DType::F32);
+        let half = b.scalar(0.5, dtype);
         let seen = b.compare(CompareOp::Gt, seen, half)?;
-        let zero = b.scalar(0.0, DType::F32);
         let negative = b.compare(CompareOp::Lt, l, zero)?;
         let up = b.mul_scalar(l, s.repetition_penalty)?;
         let down = b.mul_scalar(l, 1.0 / s.repetition_penalty)?;
@@ -130,9 +132,9 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
         let probs = b.softmax(sorted, -1)?;
         let cum = b.cumsum(probs, -1, false)?;
         let before = b.sub(cum, probs)?;
-        let p = b.scalar(s.top_p, DType::F32);
+        let p = b.scalar(s.top_p, dtype);
         let keep = b.compare(CompareOp::Lt, before, p)?;
-        let inf = b.scalar(f32::INFINITY, DType::F32);
+        let inf = b.scalar(f32::INFINITY, dtype);
         let kept = b.where_(keep, sorted, inf)?;
         let threshold = b.reduce(ReduceOp::Min, kept, -1, true)?;
         let keep = b.compare(CompareOp::Ge, l, threshold)?;

@@ -21,6 +21,9 @@ struct Entry {
 pub struct Checkpoint {
     files: Vec<(PathBuf, Storage)>,
     tensors: HashMap<String, Entry>,
+    /// Floating tensors are handed out in this dtype (the `--dtype` policies), converted once
+    /// as each is read at load; None: as stored.
+    float_dtype: Option<DType>,
 }
 
 fn dtype_of(d: safetensors::Dtype, name: &str, path: &Path) -> Result<DType> {
@@ -76,6 +79,7 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
+            float_dtype: None,
         };
         for (name, t) in tensors {
             let len = t.bytes().len();
@@ -99,6 +103,7 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
+            float_dtype: None,
         };
         for path in paths {
             let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -115,6 +120,7 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
+            float_dtype: None,
         };
         ck.add_file(Storage::from_vec(bytes), Path::new("<memory>"))?;
         Ok(ck)
@@ -193,14 +199,24 @@ impl Checkpoint {
         self.tensors.values().map(|e| e.len).sum()
     }
 
-    /// The tensor `name`, as stored.
+    /// From now on, floating tensors come out of [`Checkpoint::get`] converted to `dtype`
+    /// (None: as stored). Integer tensors (packed quantized weights) never change.
+    pub fn set_float_dtype(&mut self, dtype: Option<DType>) {
+        self.float_dtype = dtype;
+    }
+
+    /// The tensor `name`, as stored (or in the float dtype set by `set_float_dtype`).
     pub fn get(&self, name: &str) -> Result<HostTensor> {
         let e = self
             .tensors
             .get(name)
             .with_context(|| format!("checkpoint has no tensor {name}"))?;
         let data = self.files[e.file].1.slice(e.start, e.len)?;
-        Ok(HostTensor::from_bytes(e.dtype, e.shape.clone(), data)?)
+        let t = HostTensor::from_bytes(e.dtype, e.shape.clone(), data)?;
+        Ok(match self.float_dtype {
+            Some(d) if t.dtype.is_float() && t.dtype != d => t.convert(d),
+            _ => t,
+        })
     }
 
     /// The tensor `name`, which must have `shape`.

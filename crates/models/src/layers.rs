@@ -157,6 +157,14 @@ impl Embedding {
         })
     }
 
+    /// The dtype MLX gives looked-up rows: the table's, or the quantization scales'.
+    pub fn dtype(&self) -> DType {
+        match &self.weight {
+            Weight::Dense(t) => t.dtype,
+            Weight::Quantized { scales, .. } => scales.dtype,
+        }
+    }
+
     /// `x [.., dim]` → logits `[.., vocab]` with the embedding as the output matrix.
     pub fn as_linear(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
         matmul(b, &self.name, &self.weight, x)

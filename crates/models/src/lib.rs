@@ -3,6 +3,7 @@
 //! not by model code.
 
 pub mod checkpoint;
+pub mod dtype_policy;
 pub mod from_gguf;
 pub mod gemma;
 pub mod gguf;
@@ -22,6 +23,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+pub use dtype_policy::{DTypePlan, DTypePolicy};
 pub use transformer::{DecoderSpec, PagedStep, StepInputs, Transformer};
 
 type SpecFn = fn(&serde_json::Value) -> Result<DecoderSpec>;
@@ -77,8 +79,46 @@ pub fn is_gguf(path: &Path) -> bool {
 }
 
 /// Loads the model in `path` (a folder, or a `.gguf` file), reporting `(bytes read, total)`
-/// while the weights come in.
+/// while the weights come in. Tensors stay as stored.
 pub fn load_with_progress(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
+    let (spec, loader) = open(path, progress)?;
+    let model = Transformer::load(spec, &loader)?;
+    loader.checkpoint.prefetch(progress);
+    Ok(model)
+}
+
+/// Loads the model in `path` under the `--dtype` policy for the backend named `backend`:
+/// floating tensors converted once here when the policy asks for it.
+pub fn load_for(
+    path: &Path,
+    policy: DTypePolicy,
+    backend: &str,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Transformer, DTypePlan)> {
+    let (spec, loader) = open(path, progress)?;
+    load_spec(spec, loader, policy, backend, progress)
+}
+
+/// `spec` read through `loader` under `policy` on `backend`.
+pub fn load_spec(
+    spec: DecoderSpec,
+    mut loader: layers::Loader,
+    policy: DTypePolicy,
+    backend: &str,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Transformer, DTypePlan)> {
+    let plan = dtype_policy::plan(policy, backend, &spec);
+    loader.checkpoint.set_float_dtype(plan.tensors);
+    let model = Transformer::load(spec, &loader)?;
+    if plan.tensors.is_none() {
+        // Converting read every tensor already; tensors as stored are still only mapped.
+        loader.checkpoint.prefetch(progress);
+    }
+    Ok((model, plan))
+}
+
+/// The spec and a loader for `path` (GGUF tensors are converted to MLX's layout here).
+fn open(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<(DecoderSpec, layers::Loader)> {
     if is_gguf(path) {
         let g = from_gguf::read(path, progress)?;
         let spec = spec_for(&g.config)?;
@@ -86,16 +126,13 @@ pub fn load_with_progress(path: &Path, progress: &mut dyn FnMut(usize, usize)) -
             checkpoint: checkpoint::Checkpoint::from_tensors(g.tensors),
             quant: quant::QuantConfig::from_modules(g.quant),
         };
-        return Transformer::load(spec, &loader);
+        return Ok((spec, loader));
     }
-    let dir = path;
-    let config = read_config(dir)?;
+    let config = read_config(path)?;
     let spec = spec_for(&config)?;
     let loader = layers::Loader {
-        checkpoint: checkpoint::Checkpoint::open_dir(dir)?,
+        checkpoint: checkpoint::Checkpoint::open_dir(path)?,
         quant: quant::QuantConfig::from_config(&config)?,
     };
-    let model = Transformer::load(spec, &loader)?;
-    loader.checkpoint.prefetch(progress);
-    Ok(model)
+    Ok((spec, loader))
 }

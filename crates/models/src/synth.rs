@@ -187,6 +187,13 @@ fn ones(d: usize) -> Result<HostTensor> {
     Ok(HostTensor::from_f32(DType::BF16, &[d], &vec![1.0; d])?)
 }
 
+/// Variants of a preset's storage.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SynthOptions {
+    /// Norm weights in float32 instead of bfloat16 (as some converters write them).
+    pub f32_norms: bool,
+}
+
 /// Random tensors under checkpoint names, with the quantized modules listed.
 pub struct SynthModel {
     pub config: Value,
@@ -251,11 +258,21 @@ impl Builder {
 
 /// The preset's config and random tensors under checkpoint names.
 pub fn tensors(p: &Preset, seed: u64) -> Result<SynthModel> {
-    tensors_with_progress(p, seed, &mut |_, _| {})
+    tensors_with(p, seed, SynthOptions::default(), &mut |_, _| {})
 }
 
 /// [`tensors`], calling `progress(layers built, layers)` after each decoder layer.
 pub fn tensors_with_progress(p: &Preset, seed: u64, progress: &mut dyn FnMut(usize, usize)) -> Result<SynthModel> {
+    tensors_with(p, seed, SynthOptions::default(), progress)
+}
+
+/// [`tensors_with_progress`] with a storage variant.
+pub fn tensors_with(
+    p: &Preset,
+    seed: u64,
+    opts: SynthOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SynthModel> {
     let c = (p.config)();
     let get = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
     let (d, layers, ff, heads, kv, vocab) = (
@@ -330,7 +347,39 @@ pub fn tensors_with_progress(p: &Preset, seed: u64, progress: &mut dyn FnMut(usi
     if !tied {
         b.weight("lm_head", vocab, d, s)?;
     }
+    if opts.f32_norms {
+        for (name, t) in &mut b.out.tensors {
+            if name.ends_with("norm.weight") {
+                *t = t.convert(DType::F32);
+            }
+        }
+    }
     Ok(b.out)
+}
+
+/// The preset as a model under a `--dtype` policy for the backend named `backend`.
+pub fn load_for(
+    p: &Preset,
+    seed: u64,
+    opts: SynthOptions,
+    policy: crate::DTypePolicy,
+    backend: &str,
+) -> Result<(crate::Transformer, crate::DTypePlan)> {
+    from_tensors_for(tensors_with(p, seed, opts, &mut |_, _| {})?, policy, backend)
+}
+
+/// A model from tensors [`tensors_with`] built, under a `--dtype` policy.
+pub fn from_tensors_for(
+    m: SynthModel,
+    policy: crate::DTypePolicy,
+    backend: &str,
+) -> Result<(crate::Transformer, crate::DTypePlan)> {
+    let spec = crate::spec_for(&m.config)?;
+    let loader = crate::layers::Loader {
+        checkpoint: crate::checkpoint::Checkpoint::from_tensors(m.tensors),
+        quant: crate::quant::QuantConfig::from_modules(m.modules),
+    };
+    crate::load_spec(spec, loader, policy, backend, &mut |_, _| {})
 }
 
 /// The preset as a model, straight from memory.

@@ -5,6 +5,7 @@
 //! `DecoderOptions`.
 
 use anyhow::Result;
+use mlxcel_core::dtype::{promote, Promotion};
 use mlxcel_core::{DType, GraphBuilder, NodeId, UnaryOp};
 
 use crate::layers::{Embedding, Linear, Loader, RmsNorm, Rope};
@@ -220,6 +221,11 @@ impl Transformer {
         })
     }
 
+    /// The activation dtype of MLX semantics (`--dtype native`): what the embedding gives.
+    pub fn stored_dtype(&self) -> DType {
+        self.embed.dtype()
+    }
+
     /// Logits `[1, T', vocab]` (T' = 1 with `last_only`), writing this step's keys and values
     /// into the `layers.{i}.{k,v}_cache` states.
     pub fn forward(&self, b: &mut GraphBuilder, s: &StepInputs) -> Result<NodeId> {
@@ -340,8 +346,14 @@ impl Attention {
         let hd = spec.head_dim;
         let [q, k, v] = self.qkv(b, spec, i, x, s.positions)?;
         let cache = [1, spec.kv_heads, s.capacity, hd];
-        let kc = b.state(&format!("layers.{i}.k_cache"), s.dtype, &cache);
-        let vc = b.state(&format!("layers.{i}.v_cache"), s.dtype, &cache);
+        // The cache holds keys and values in their own (promoted) dtype, as mlx-lm's does: with
+        // one dtype everywhere that is `s.dtype`; under `native` it follows MLX's promotion.
+        let dtype = match promote(b.dtype(k), b.dtype(v), b.options().promotion) {
+            Promotion::To(d) => d,
+            Promotion::Unsupported(_) => s.dtype,
+        };
+        let kc = b.state(&format!("layers.{i}.k_cache"), dtype, &cache);
+        let vc = b.state(&format!("layers.{i}.v_cache"), dtype, &cache);
         let kc = b.kv_write(kc, k, s.offset)?;
         let vc = b.kv_write(vc, v, s.offset)?;
         let scale = spec.attention_scale();

@@ -1,0 +1,124 @@
+//! The `--dtype` policies: which dtype a model's tensors, activations, KV cache and sampler
+//! use, decided once at load for one model on one backend.
+//!
+//! - `native`: MLX semantics. Tensors as stored, activations in the dtype the embedding gives
+//!   (its table, or its quantization scales), every op promoting by MLX's table — so f32 norm
+//!   weights in a bf16 checkpoint widen the activations to f32, as they do in mlx-lm.
+//! - `f16`, `bf16`, `f32`: every floating tensor (weights, norm scales, embeddings,
+//!   quantization scales and biases) converted to that dtype once at load; activations, cache
+//!   and sampler in it too. `bf16` also keeps bf16 with f32 in bf16 (nothing f32 should be
+//!   left, but the rule makes sure).
+//! - `auto`: on the CPU, f32 activations over tensors as stored (the CPU is the oracle: its
+//!   kernels widen bf16/f16 weights exactly, so this is the f32 reference); elsewhere `f16`,
+//!   or `bf16` for architectures whose spec is flagged [`DecoderSpec::f16_fragile`].
+
+use std::fmt;
+
+use mlxcel_core::dtype::PromotionPolicy;
+use mlxcel_core::{BuilderOptions, DType};
+
+use crate::transformer::{DecoderSpec, Transformer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DTypePolicy {
+    Auto,
+    Native,
+    F16,
+    BF16,
+    F32,
+}
+
+impl DTypePolicy {
+    /// What `parse` accepts, for error messages.
+    pub const EXPECTED: &'static str = "auto, native, f16, bf16 or f32";
+
+    pub fn parse(s: &str) -> Option<DTypePolicy> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => DTypePolicy::Auto,
+            "native" => DTypePolicy::Native,
+            "f16" | "float16" => DTypePolicy::F16,
+            "bf16" | "bfloat16" => DTypePolicy::BF16,
+            "f32" | "float32" => DTypePolicy::F32,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DTypePolicy::Auto => "auto",
+            DTypePolicy::Native => "native",
+            DTypePolicy::F16 => "f16",
+            DTypePolicy::BF16 => "bf16",
+            DTypePolicy::F32 => "f32",
+        }
+    }
+}
+
+impl fmt::Display for DTypePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a policy means for one model on one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DTypePlan {
+    pub policy: DTypePolicy,
+    /// Every floating tensor is converted to this at load; None: as stored.
+    pub tensors: Option<DType>,
+    /// Activations, KV cache and sampler; None: what the stored weights give (`native`).
+    pub activations: Option<DType>,
+    pub bf16_wins_over_f32: bool,
+}
+
+/// The dtype `auto` picks on a non-CPU backend for `spec`.
+pub fn auto_device_dtype(spec: &DecoderSpec) -> DType {
+    if spec.f16_fragile.is_some() {
+        DType::BF16
+    } else {
+        DType::F16
+    }
+}
+
+/// `policy` for a model of `spec` on the backend named `backend` (`Backend::name`).
+pub fn plan(policy: DTypePolicy, backend: &str, spec: &DecoderSpec) -> DTypePlan {
+    let single = |d: DType| DTypePlan {
+        policy,
+        tensors: Some(d),
+        activations: Some(d),
+        bf16_wins_over_f32: d == DType::BF16,
+    };
+    match policy {
+        DTypePolicy::Native => DTypePlan {
+            policy,
+            tensors: None,
+            activations: None,
+            bf16_wins_over_f32: false,
+        },
+        DTypePolicy::F16 => single(DType::F16),
+        DTypePolicy::BF16 => single(DType::BF16),
+        DTypePolicy::F32 => single(DType::F32),
+        DTypePolicy::Auto if backend == "cpu" => DTypePlan {
+            policy,
+            tensors: None,
+            activations: Some(DType::F32),
+            bf16_wins_over_f32: false,
+        },
+        DTypePolicy::Auto => single(auto_device_dtype(spec)),
+    }
+}
+
+impl DTypePlan {
+    /// The activation dtype for `model` (loaded under this plan).
+    pub fn activation_dtype(&self, model: &Transformer) -> DType {
+        self.activations.unwrap_or_else(|| model.stored_dtype())
+    }
+
+    pub fn builder_options(&self) -> BuilderOptions {
+        BuilderOptions {
+            promotion: PromotionPolicy {
+                bf16_wins_over_f32: self.bf16_wins_over_f32,
+            },
+        }
+    }
+}
