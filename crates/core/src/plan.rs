@@ -61,8 +61,25 @@ pub fn plan(
     let mut free: Vec<usize> = Vec::new();
     // Slots to release after node i runs.
     let mut release: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // Backends copy every input in before the first kernel runs, so an input's slot is taken
+    // from the start: one declared late (a target, a sampler scalar) must not share a slot
+    // with a value computed before its node.
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if matches!(node.op, Op::Input { .. }) {
+            let bytes = node.shape.iter().product::<usize>() * node.dtype.size();
+            let slot = take_slot(&mut free, &mut slot_bytes, bytes);
+            if end[i] != usize::MAX {
+                release[end[i].max(i)].push(slot);
+            }
+            locs[i] = Loc::Slot(slot);
+        }
+    }
     for i in 0..n {
         let node = &graph.nodes[i];
+        if matches!(node.op, Op::Input { .. }) {
+            free.append(&mut release[i]);
+            continue;
+        }
         locs[i] = if roots[i] != i {
             locs[roots[i]]
         } else {
@@ -144,5 +161,31 @@ mod tests {
         let p = plan(&g, false, |_| 0, |_| 0);
         assert_eq!(p.locs[r.index()], p.locs[y.index()]);
         assert_ne!(p.locs[z.index()], p.locs[y.index()]);
+    }
+
+    #[test]
+    fn a_late_input_never_shares_a_slot_with_earlier_values() {
+        // Inputs are copied in before any kernel runs, so "t" (declared after the chain) must
+        // not take a slot the chain has already finished with.
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F32, &[64]);
+        let mut y = x;
+        let mut chain = Vec::new();
+        for _ in 0..6 {
+            y = b.exp(y).unwrap();
+            chain.push(y);
+        }
+        let t = b.input("t", DType::F32, &[64]);
+        let out = b.add(y, t).unwrap();
+        let g = b.finish(&[out]);
+        let p = plan(&g, false, |_| 0, |_| 0);
+        for v in chain.iter().chain([&x]) {
+            assert_ne!(
+                p.locs[t.index()],
+                p.locs[v.index()],
+                "input t shares node {}'s slot",
+                v.index()
+            );
+        }
     }
 }

@@ -825,12 +825,18 @@ fn gemm_plan(graph: &Graph, i: usize) -> Option<Gemm> {
         return None;
     }
     match node.op {
-        Op::MatMul { transpose_b: true } if w.shape.len() == 2 && w.dtype.is_float() => Some(Gemm {
-            rows,
-            n: w.shape[0],
-            k,
-            expand: w.dtype != x.dtype,
-        }),
+        // A weight in another dtype is first converted to x's, which must lose nothing: only
+        // widening into f32 x qualifies (an f32 weight under f16 x runs the general kernel).
+        Op::MatMul { transpose_b: true }
+            if w.shape.len() == 2 && w.dtype.is_float() && (w.dtype == x.dtype || x.dtype == F32) =>
+        {
+            Some(Gemm {
+                rows,
+                n: w.shape[0],
+                k,
+                expand: w.dtype != x.dtype,
+            })
+        }
         Op::QuantizedMatMul { .. } => Some(Gemm {
             rows,
             n: w.shape[0],
