@@ -56,7 +56,12 @@ fn validate(a: &BenchArgs) -> Result<()> {
 }
 
 /// The model to bench, loaded under `policy` for `device`, and how the table names it.
-fn model(global: &Global, a: &BenchArgs, policy: DTypePolicy, device: &str) -> Result<((Transformer, DTypePlan), String)> {
+fn model(
+    global: &Global,
+    a: &BenchArgs,
+    policy: DTypePolicy,
+    device: &str,
+) -> Result<((Transformer, DTypePlan), String)> {
     ensure!(
         !a.f32_norms || a.preset.is_some(),
         "--f32-norms changes a --preset's random weights; it does not apply to --model"
@@ -73,7 +78,11 @@ fn model(global: &Global, a: &BenchArgs, policy: DTypePolicy, device: &str) -> R
                 b.set_position(done as u64);
             })?;
             b.finish_and_clear();
-            let what = if a.f32_norms { format!("{p} (f32 norms)") } else { p.clone() };
+            let what = if a.f32_norms {
+                format!("{p} (f32 norms)")
+            } else {
+                p.clone()
+            };
             Ok((mlxcel_models::synth::from_tensors_for(m, policy, device)?, what))
         }
         (None, Some(m)) => Ok((crate::progress::load_model(m, policy, device)?, m.display().to_string())),
@@ -210,7 +219,10 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
                 "parameter_bytes": session.parameter_bytes,
             },
         });
-        println!("{}", crate::trace::merge(obj, crate::trace::json_fields(&engine, counts)));
+        println!(
+            "{}",
+            crate::trace::merge(obj, crate::trace::json_fields(&engine, counts))
+        );
         return Ok(());
     }
     println!(

@@ -222,8 +222,10 @@ fn bad_models_and_flags_fail_cleanly() {
     );
     fails_with(&["-m", &m, "generate", "hi", "--temp=-1"], "--temp");
     fails_with(&["-m", &m, "generate", "hi", "--top-p", "0"], "--top-p");
-    fails_with(&["-m", &m, "--dtype", "f16", "generate", "hi"], "not available yet");
-    fails_with(&["-m", &m, "--dtype", "int4", "generate", "hi"], "expected auto");
+    fails_with(
+        &["-m", &m, "--dtype", "int4", "generate", "hi"],
+        "is not one of auto, native",
+    );
     fails_with(
         &[
             "-m",
@@ -379,4 +381,132 @@ fn bench_reports_speed_on_a_random_weight_preset() {
     fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
     fails_with(&["bench"], "--preset NAME or --model PATH");
     fails_with(&["bench", "--preset", "smollm2-135m-4bit", "-m", "x"], "not both");
+}
+
+fn mlxcel_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mlxcel"));
+    c.args(args).env_remove("MLXCEL_DTYPE").env_remove("MLXCEL_TRACE_DTYPE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("mlxcel runs")
+}
+
+#[test]
+fn the_dtype_policy_comes_from_the_flag_then_the_env_then_mlxcel_toml() {
+    let dir = scratch_copy("llama-bf16", "dtype");
+    let m = dir.to_str().unwrap();
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["-m", m, "--device", "cpu"];
+        args.extend(extra);
+        args.extend(["generate", "--prompt-tokens", "1,2,3", "-n", "2", "--json"]);
+        let j = json_out(&mlxcel_env(&args, env));
+        (
+            j["dtype_policy"].as_str().unwrap().to_string(),
+            j["activation_dtype"].as_str().unwrap().to_string(),
+        )
+    };
+    let pair = |p: &str, a: &str| (p.to_string(), a.to_string());
+    // Default: auto, which on the CPU keeps f32 activations.
+    assert_eq!(run(&[], &[]), pair("auto", "f32"));
+    std::fs::write(dir.join("mlxcel.toml"), "dtype = \"bf16\"\n").unwrap();
+    assert_eq!(run(&[], &[]), pair("bf16", "bf16"), "mlxcel.toml beats the default");
+    assert_eq!(
+        run(&[], &[("MLXCEL_DTYPE", "f16")]),
+        pair("f16", "f16"),
+        "the env beats the file"
+    );
+    assert_eq!(
+        run(&["--dtype", "f32"], &[("MLXCEL_DTYPE", "f16")]),
+        pair("f32", "f32"),
+        "the flag beats the env"
+    );
+    std::fs::write(dir.join("mlxcel.toml"), "dtype = \"fp8\"\n").unwrap();
+    let o = mlxcel_env(&["-m", m, "generate", "hi"], &[]);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("mlxcel.toml") && e.contains("\"fp8\""),
+        "{e}"
+    );
+    let o = mlxcel_env(&["-m", m, "--dtype", "f16", "generate", "hi"], &[]);
+    assert!(!o.status.success(), "a bad file is reported even under --dtype");
+    let o = mlxcel_env(
+        &["-m", &fixture("llama-bf16"), "generate", "hi"],
+        &[("MLXCEL_DTYPE", "half")],
+    );
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("MLXCEL_DTYPE") && e.contains("\"half\""),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn trace_dtype_counts_astype_per_decode_step_and_f16_leaves_none() {
+    // f32 norm weights in a model whose other tensors are bf16: under `native` the norms
+    // promote (AsType in every step); under a single-dtype policy they were converted at load.
+    let m = fixture("qwen3-q4g128-f32norms");
+    let trace = |policy: &str| {
+        let o = mlxcel_env(
+            &[
+                "-m",
+                &m,
+                "--device",
+                "cpu",
+                "--dtype",
+                policy,
+                "generate",
+                "--prompt-tokens",
+                "1,2,3",
+                "-n",
+                "3",
+                "--json",
+            ],
+            &[("MLXCEL_TRACE_DTYPE", "1")],
+        );
+        let e = stderr(&o);
+        let j = json_out(&o);
+        let line = e
+            .lines()
+            .find(|l| l.starts_with("mlxcel: decode graph: "))
+            .unwrap_or_else(|| panic!("no summary line in: {e}"))
+            .to_string();
+        let astype = j["astype_per_step"].as_u64().unwrap();
+        let nodes = j["nodes_per_step"].as_u64().unwrap();
+        assert_eq!(
+            line,
+            format!(
+                "mlxcel: decode graph: {astype} AsType of {nodes} nodes per step (dtype policy {policy}, backend cpu)"
+            )
+        );
+        (astype, e)
+    };
+    let (native, e) = trace("native");
+    assert!(native > 0, "native keeps the f32 norms' promotions: {e}");
+    assert!(e.contains("AsType"), "the breakdown names the casts: {e}");
+    for policy in ["f16", "bf16", "f32"] {
+        let (n, e) = trace(policy);
+        assert_eq!(n, 0, "{policy}: {e}");
+    }
+    // Untraced, the JSON still carries the counts, and nothing is printed per step.
+    let o = mlxcel_env(
+        &[
+            "-m",
+            &m,
+            "--device",
+            "cpu",
+            "--dtype",
+            "native",
+            "generate",
+            "--prompt-tokens",
+            "1,2",
+            "-n",
+            "2",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(!stderr(&o).contains("mlxcel: trace:"), "{}", stderr(&o));
+    assert_eq!(json_out(&o)["astype_per_step"].as_u64(), Some(native));
 }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use common::{floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
+use mlxcel_models::DTypePolicy;
 use serde_json::Value;
 
 const CASES: &[(&str, f64)] = &[
@@ -69,6 +70,44 @@ fn nll_matches_mlx_lm() {
         eprintln!("{case}: max |nll - mlx-lm| = {worst:.2e}");
         assert!(worst <= tol, "{case}: max |nll - mlx-lm| = {worst} > {tol}");
     }
+}
+
+/// Worst |NLL − mlx-lm's f32 NLL| allowed when activations are stored in `dtype`: the f32
+/// tolerance, or about what rounding every stored activation to a 2⁻¹¹ (f16) or 2⁻⁸ (bf16)
+/// relative step does to the NLL of these small random-weight models.
+fn dtype_tolerance(dtype: DType, tol: f64) -> f64 {
+    match dtype {
+        DType::F16 => tol.max(0.05),
+        DType::BF16 => tol.max(0.25),
+        _ => tol,
+    }
+}
+
+#[test]
+fn nll_matches_mlx_lm_under_each_dtype_policy() {
+    let mut failures = Vec::new();
+    for &(case, tol) in CASES {
+        let (dir, r) = fixture(case);
+        let want = floats(&r["nll"]);
+        for policy in [
+            DTypePolicy::Native,
+            DTypePolicy::F32,
+            DTypePolicy::F16,
+            DTypePolicy::BF16,
+        ] {
+            let (model, plan) = mlxcel_models::load_for(&dir, policy, "cpu", &mut |_, _| {}).unwrap();
+            let activations = plan.activation_dtype(&model);
+            let mut e = Engine::for_plan(model, Box::new(mlxcel_cpu::CpuBackend), &plan, None).unwrap();
+            let got = e.perplexity(&ids(&r["prompt_tokens"]), 512).unwrap();
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let limit = dtype_tolerance(activations, tol);
+            eprintln!("{case} under {policy} ({activations}): max |nll - mlx-lm| = {worst:.2e} (limit {limit})");
+            if worst > limit {
+                failures.push(format!("{case} under {policy}: {worst} > {limit}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
