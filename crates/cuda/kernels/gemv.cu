@@ -40,6 +40,23 @@ __device__ __forceinline__ float round_to(float v, int dt) {
   return BF16::ld(&h, 0);
 }
 
+// The 32 / BITS unsigned values packed in w (element e at bits e·BITS), as exact floats without
+// an int-to-float conversion (a quarter-rate instruction): each byte is placed under the
+// exponent of 2²³, where the float's unit in the last place is 1, and 2²³ is subtracted.
+template <int BITS> __device__ __forceinline__ void qvals(unsigned w, float* o);
+template <> __device__ __forceinline__ void qvals<8>(unsigned w, float* o) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) o[j] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + j)) - 8388608.0f;
+}
+template <> __device__ __forceinline__ void qvals<4>(unsigned w, float* o) {
+  const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    o[2 * j] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440 + j)) - 8388608.0f;
+    o[2 * j + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440 + j)) - 8388608.0f;
+  }
+}
+
 // acc[r·R + c] += x[r, :] · dequant(w[col0 + c, :]) for r < m, c < R: each 16-byte chunk of x
 // is loaded once for R weight rows, and 8 weight words are in flight per lane. BITS 4 or 8,
 // group a multiple of 32. Rows past n are clamped to n - 1 (computed, never stored).
@@ -47,7 +64,6 @@ template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m, i64 k, const unsigned* __restrict__ w,
                                      const void* s, const void* z, int sdt, i64 col0, i64 n, int group, float* acc) {
   constexpr int VALS = 128 / BITS, PER = 32 / BITS, U = 8 / R;
-  constexpr unsigned MASK = (1u << BITS) - 1u;
   const int lane = threadIdx.x & 31;
   const i64 vecs = k / VALS, groups = k / group, wrow = k / PER;
   for (i64 v0 = 0; v0 < vecs; v0 += 32 * U) {
@@ -86,8 +102,10 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
           float dq = 0.0f;
 #pragma unroll
           for (int wi = 0; wi < 4; wi++) {
+            float wv[PER];
+            qvals<BITS>(words[wi], wv);
 #pragma unroll
-            for (int e = 0; e < PER; e++) dq = fmaf(xv[wi * PER + e], (float)((words[wi] >> (e * BITS)) & MASK), dq);
+            for (int e = 0; e < PER; e++) dq = fmaf(xv[wi * PER + e], wv[e], dq);
           }
           acc[r * R + c] = fmaf(sc[u][c], dq, fmaf(bi[u][c], xs, acc[r * R + c]));
         }

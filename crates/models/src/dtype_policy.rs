@@ -122,3 +122,50 @@ impl DTypePlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest config each registered model type reads.
+    fn config(model_type: &str) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 100, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 16,
+            "max_position_embeddings": 128, "tie_word_embeddings": true,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32, "query_pre_attn_scalar": 16,
+            "sliding_window": 64, "sliding_window_pattern": 2,
+        });
+        if model_type == "gemma3" {
+            c["text_config"] = c.clone();
+        }
+        c
+    }
+
+    #[test]
+    fn the_docs_table_lists_what_auto_picks_for_every_model_type() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/dtype-policy.md")).unwrap();
+        let rows: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let ty = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((ty.to_string(), cells.get(2)?.to_string()))
+            })
+            .filter(|(ty, _)| crate::supported_types().contains(&ty.as_str()))
+            .collect();
+        let listed: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(
+            listed,
+            crate::supported_types(),
+            "docs/dtype-policy.md lists every model type, in order"
+        );
+        for (ty, picked) in &rows {
+            let spec = crate::spec_for(&config(ty)).unwrap_or_else(|e| panic!("{ty}: {e:#}"));
+            let want = plan(DTypePolicy::Auto, "cuda", &spec).activations.unwrap().short();
+            assert_eq!(picked, want, "{ty}: the docs say {picked}, auto picks {want}");
+        }
+    }
+}
