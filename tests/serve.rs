@@ -225,6 +225,14 @@ fn chat_and_text_completions_have_the_openai_shapes() {
     assert_eq!(streamed, text);
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
 
+    // top_k 1 at temperature 1 can only draw the argmax: the greedy text, whatever the seed.
+    let mut k1 = body.clone();
+    k1["temperature"] = json!(1.0);
+    k1["top_k"] = json!(1);
+    k1["seed"] = json!(7);
+    let v = post(&s.addr, "/v1/completions", &k1).json();
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), text, "top_k 1 is greedy");
+
     let m = send(&s.addr, "GET", "/v1/models", &[], b"").json();
     assert_eq!(m["data"][0]["id"], MODEL);
     let h = health(&s.addr);

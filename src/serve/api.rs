@@ -93,6 +93,15 @@ pub struct Common {
     /// vLLM's extension: generate through end-of-sequence tokens (benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// vLLM's (and mlx-lm's) sampling extensions: -1 or 0 is off.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// OpenAI's penalties and log probabilities, refused rather than ignored when asked for.
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
 }
 
 /// Message content: a string, or text parts `[{"type": "text", "text": ...}]`.
@@ -146,6 +155,9 @@ pub struct Settings {
     pub max_tokens: Option<usize>,
     pub temperature: f32,
     pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -195,6 +207,51 @@ impl Common {
                 Some("top_p"),
             ));
         }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("top_k must be -1 (off) or positive, got {k}"),
+                    Some("top_k"),
+                ))
+            }
+        };
+        let min_p = self.min_p.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&min_p) {
+            return Err(ApiError::invalid(
+                format!("min_p must be in [0, 1), got {min_p}"),
+                Some("min_p"),
+            ));
+        }
+        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
+        if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+            return Err(ApiError::invalid(
+                format!("repetition_penalty must be > 0, got {repetition_penalty}"),
+                Some("repetition_penalty"),
+            ));
+        }
+        for (value, name) in [
+            (self.presence_penalty, "presence_penalty"),
+            (self.frequency_penalty, "frequency_penalty"),
+        ] {
+            if value.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::invalid(
+                    format!("{name} is not supported (use repetition_penalty)"),
+                    Some(name),
+                ));
+            }
+        }
+        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
+            return Err(ApiError::invalid(
+                "logprobs are not supported yet",
+                Some(if self.logprobs == Some(true) {
+                    "logprobs"
+                } else {
+                    "top_logprobs"
+                }),
+            ));
+        }
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::invalid(
                 format!("only n = 1 is supported, got {n}"),
@@ -220,6 +277,9 @@ impl Common {
             max_tokens,
             temperature,
             top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
             seed: self.seed.map(|s| s as u64),
             stop,
             stream: self.stream,
@@ -344,6 +404,19 @@ mod tests {
     }
 
     #[test]
+    fn sampling_extensions_are_read_and_off_values_accepted() {
+        let r: CompletionRequest = parse(
+            br#"{"prompt":"x","top_k":5,"min_p":0.1,"repetition_penalty":1.2,"presence_penalty":0,"logprobs":false}"#,
+        )
+        .unwrap();
+        let s = r.common.settings().unwrap();
+        assert_eq!((s.top_k, s.min_p, s.repetition_penalty), (5, 0.1, 1.2));
+        let r: CompletionRequest = parse(br#"{"prompt":"x","top_k":-1}"#).unwrap();
+        let s = r.common.settings().unwrap();
+        assert_eq!((s.top_k, s.min_p, s.repetition_penalty), (0, 0.0, 1.0));
+    }
+
+    #[test]
     fn settings_reject_bad_values() {
         let bad = [
             r#"{"prompt":"x","max_tokens":0}"#,
@@ -353,6 +426,13 @@ mod tests {
             r#"{"prompt":"x","n":2}"#,
             r#"{"prompt":"x","stop":["a","b","c","d","e"]}"#,
             r#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
+            r#"{"prompt":"x","top_k":-2}"#,
+            r#"{"prompt":"x","min_p":1}"#,
+            r#"{"prompt":"x","repetition_penalty":0}"#,
+            r#"{"prompt":"x","presence_penalty":0.5}"#,
+            r#"{"prompt":"x","frequency_penalty":-1}"#,
+            r#"{"prompt":"x","logprobs":true}"#,
+            r#"{"prompt":"x","top_logprobs":2}"#,
         ];
         for body in bad {
             let r: CompletionRequest = parse(body.as_bytes()).unwrap();

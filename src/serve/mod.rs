@@ -23,6 +23,7 @@ use mlxcel_engine::chat::ChatMessage;
 use mlxcel_engine::paged::PagedEngine;
 use mlxcel_engine::scheduler::Scheduler;
 use mlxcel_engine::tokenizer::Tokenizer;
+use mlxcel_engine::SamplerSettings;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -334,9 +335,15 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind
     });
     let params = SeqParams {
         max_tokens,
-        temperature: settings.temperature,
-        top_p: settings.top_p,
-        seed,
+        sampler: SamplerSettings {
+            temperature: settings.temperature,
+            top_k: settings.top_k,
+            top_p: settings.top_p,
+            min_p: settings.min_p,
+            repetition_penalty: settings.repetition_penalty,
+            seed,
+            ..SamplerSettings::default()
+        },
         eos: if settings.ignore_eos {
             vec![]
         } else {

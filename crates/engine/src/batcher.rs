@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::blocks::SeqId;
 use crate::paged::{PagedEngine, Row};
-use crate::sampler;
+use crate::sampler::{self, SamplerSettings};
 use crate::scheduler::Scheduler;
 use crate::FinishReason;
 
@@ -14,16 +14,17 @@ use crate::FinishReason;
 #[derive(Clone, Debug)]
 pub struct SeqParams {
     pub max_tokens: usize,
-    /// 0 is greedy.
-    pub temperature: f32,
-    pub top_p: f32,
-    pub seed: u64,
+    /// Temperature, top-k/top-p/min-p, repetition penalty and seed, applied on the host to
+    /// this sequence's row of logits (rows of one batch sample differently).
+    pub sampler: SamplerSettings,
     pub eos: Vec<u32>,
 }
 
 impl SeqParams {
+    /// Whether the argmax the step graph returns is this sequence's token: the masks keep the
+    /// most likely token, so only temperature and the penalty change the choice.
     fn greedy(&self) -> bool {
-        self.temperature == 0.0 && self.top_p >= 1.0
+        self.sampler.is_greedy() && !self.sampler.uses_penalty()
     }
 }
 
@@ -80,8 +81,10 @@ impl Batcher {
         let p = &self.params[&id];
         match logits {
             Some(l) if !p.greedy() => {
-                let counter = self.sched.seq(id).map_or(0, |s| s.generated().len() as u32);
-                sampler::sample_host(l, p.temperature, p.top_p, p.seed, counter)
+                let seq = self.sched.seq(id);
+                let counter = seq.map_or(0, |s| s.generated().len() as u32);
+                let history = seq.map_or(&[][..], |s| &s.tokens[..]);
+                sampler::sample_host_with(l, &p.sampler, counter, history)
             }
             _ => argmax,
         }

@@ -169,35 +169,79 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
     ))
 }
 
-/// The draw of [`build`] on the host, for batches whose rows sample differently: top-p on the
-/// raw logits, then temperature and Gumbel-max with the noise of row 0, so a request draws the
-/// same tokens whichever batch row it sits in. Only temperature and top-p are applied.
+/// The draw of [`build`] on the host, for batches whose rows sample differently: temperature
+/// and top-p only (see [`sample_host_with`] for the whole chain).
 pub fn sample_host(logits: &[f32], temperature: f32, top_p: f32, seed: u64, counter: u32) -> u32 {
+    let s = SamplerSettings {
+        temperature,
+        top_p,
+        seed,
+        ..SamplerSettings::default()
+    };
+    sample_host_with(logits, &s, counter, &[])
+}
+
+/// [`build`]'s chain on the host, in its order: repetition penalty over the last
+/// `repetition_context` tokens of `history`, top-p, min-p and top-k masks, then temperature
+/// and Gumbel-max with the noise of row 0, so a request draws the same tokens whichever batch
+/// row it sits in (argmax at temperature 0).
+pub fn sample_host_with(logits: &[f32], s: &SamplerSettings, counter: u32, history: &[u32]) -> u32 {
     let mut l = logits.to_vec();
-    if top_p < 1.0 {
+    if s.uses_penalty() {
+        let recent = &history[history.len().saturating_sub(s.repetition_context)..];
+        let mut seen = vec![false; l.len()];
+        for &t in recent {
+            if let Some(x) = seen.get_mut(t as usize) {
+                *x = true;
+            }
+        }
+        for (x, _) in l.iter_mut().zip(&seen).filter(|(_, &hit)| hit) {
+            *x = if *x < 0.0 {
+                *x * s.repetition_penalty
+            } else {
+                *x / s.repetition_penalty
+            };
+        }
+    }
+    if s.top_p < 1.0 {
+        // Descending, a token stays while the mass before it is below top_p; the kept set is
+        // every token at or above the smallest kept logit.
         let mut order: Vec<usize> = (0..l.len()).collect();
         order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
         let top = l[order[0]];
         let total: f32 = l.iter().map(|x| (x - top).exp()).sum();
         let (mut before, mut threshold) = (0.0f32, top);
         for &j in &order {
-            if before >= top_p {
+            if before >= s.top_p {
                 break;
             }
             threshold = l[j];
             before += (l[j] - top).exp() / total;
         }
-        l.iter_mut()
-            .filter(|x| **x < threshold)
-            .for_each(|x| *x = f32::NEG_INFINITY);
+        mask_below(&mut l, threshold);
     }
-    if temperature == 0.0 {
+    if s.min_p > 0.0 {
+        let top = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        mask_below(&mut l, top + s.min_p.ln());
+    }
+    if s.top_k > 0 && s.top_k < l.len() {
+        let mut sorted = l.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        mask_below(&mut l, sorted[s.top_k - 1]);
+    }
+    if s.is_greedy() {
         return argmax(&l);
     }
     for (c, x) in l.iter_mut().enumerate() {
-        *x = *x / temperature + mlxcel_core::rng::gumbel(seed, counter, 0, c as u32);
+        *x = *x / s.temperature + mlxcel_core::rng::gumbel(s.seed, counter, 0, c as u32);
     }
     argmax(&l)
+}
+
+fn mask_below(l: &mut [f32], threshold: f32) {
+    l.iter_mut()
+        .filter(|x| **x < threshold)
+        .for_each(|x| *x = f32::NEG_INFINITY);
 }
 
 /// Index of the first maximum.
@@ -241,5 +285,57 @@ mod host_tests {
         assert_eq!(a, b);
         let ones = a.iter().filter(|&&t| t == 1).count();
         assert!((1050..1350).contains(&ones), "{ones}");
+    }
+
+    #[test]
+    fn top_k_and_min_p_keep_only_the_likely_tokens() {
+        let l: Vec<f32> = [0.4f32, 0.3, 0.2, 0.1].iter().map(|p| p.ln()).collect();
+        let draw = |s: &SamplerSettings| -> [usize; 4] {
+            let mut seen = [0usize; 4];
+            for c in 0..2000 {
+                seen[sample_host_with(&l, s, c, &[]) as usize] += 1;
+            }
+            seen
+        };
+        let base = SamplerSettings {
+            temperature: 1.0,
+            seed: 3,
+            ..SamplerSettings::default()
+        };
+        let k2 = draw(&SamplerSettings {
+            top_k: 2,
+            ..base.clone()
+        });
+        assert_eq!(k2[2] + k2[3], 0, "top-k 2: {k2:?}");
+        assert!(k2[0] > 0 && k2[1] > 0, "{k2:?}");
+        // min-p 0.6: tokens at least 0.6 × 0.4 = 0.24 likely, so 0 and 1.
+        let mp = draw(&SamplerSettings {
+            min_p: 0.6,
+            ..base.clone()
+        });
+        assert_eq!(mp[2] + mp[3], 0, "min-p 0.6: {mp:?}");
+        let all = draw(&base);
+        assert!(all.iter().all(|&n| n > 0), "no filter: {all:?}");
+    }
+
+    #[test]
+    fn the_repetition_penalty_scales_only_recent_tokens() {
+        // Token 0 leads; penalized as a recent token it falls below token 1 under greedy.
+        let l = [2.0f32, 1.5, -1.0, 0.0];
+        let s = SamplerSettings {
+            repetition_penalty: 1.5,
+            repetition_context: 2,
+            ..SamplerSettings::default()
+        };
+        assert_eq!(sample_host_with(&l, &s, 0, &[]), 0);
+        assert_eq!(sample_host_with(&l, &s, 0, &[3, 0]), 1, "2 / 1.5 < 1.5");
+        assert_eq!(
+            sample_host_with(&l, &s, 0, &[0, 3, 2]),
+            0,
+            "0 is outside the context of 2"
+        );
+        // A negative logit is multiplied (made less likely), never raised.
+        let neg = [-0.1f32, -0.12];
+        assert_eq!(sample_host_with(&neg, &s, 0, &[0]), 1, "-0.15 < -0.12");
     }
 }

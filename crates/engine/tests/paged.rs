@@ -33,9 +33,7 @@ fn batcher(blocks: usize, block_size: usize, max_batch: usize, chunk: usize) -> 
 fn greedy(n: usize) -> SeqParams {
     SeqParams {
         max_tokens: n,
-        temperature: 0.0,
-        top_p: 1.0,
-        seed: 0,
+        sampler: SamplerSettings::default(),
         eos: vec![],
     }
 }
