@@ -6,6 +6,7 @@
 #   scripts/bench_representative.sh [-o OUT.md] [--only P1,P2] [-- extra bench flags]
 #
 #   MLXCEL=path/to/mlxcel   the binary (default: target/release/mlxcel, else .gpu/bin/mlxcel)
+#   MLXCEL_COMMIT=REV       the commit named in the table (default: git's HEAD here)
 #   -o FILE                 write the table there too (default: stdout only); JSON lines go
 #                           to FILE.jsonl beside it
 #   --only LIST             only these presets or model folder names (comma-separated)
@@ -60,7 +61,8 @@ for d in models/*/; do
   wanted "$name" && run "$name" --model "$d"
 done
 
-table=$(python3 - "$jsonl" "${flags[*]}" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
+commit="${MLXCEL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+table=$(python3 - "$jsonl" "${flags[*]}" "$commit" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def gb(b): return "–" if b is None else (f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.1f} MB")

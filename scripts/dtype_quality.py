@@ -63,9 +63,11 @@ def main():
     ap.add_argument("--mlxcel", default=str(ROOT / "target/release/mlxcel"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("-n", type=int, default=32, help="greedy tokens per prompt")
-    ap.add_argument("-o", type=pathlib.Path)
+    ap.add_argument("-o", type=pathlib.Path, help="markdown output, rewritten after each model")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
     a = ap.parse_args()
-    out = [f"device `{a.device}`, {len(PROMPTS)} prompts, {a.n} greedy tokens each (raw prompts, no chat template)\n"]
+    prompts = PROMPTS[: a.prompts]
+    out = [f"device `{a.device}`, {len(prompts)} prompts, {a.n} greedy tokens each (raw prompts, no chat template)\n"]
     for model in a.models:
         text_file = pathlib.Path("/tmp") / f"dtype-quality-{model.stem}.txt"
         text_file.write_text(reference_text(model))
@@ -77,12 +79,12 @@ def main():
             ppl[d] = r["ppl"]
             print(f"{model.name} {d}: perplexity {ppl[d]:.4f} ({time.time() - t:.0f} s)", file=sys.stderr)
         tokens = {d: [] for d in DTYPES}
-        for i, prompt in enumerate(PROMPTS):
+        for i, prompt in enumerate(prompts):
             for d in DTYPES:
                 r = run(base + ["generate", "-m", str(model), "-p", prompt, "--no-chat-template",
                                 "-n", str(a.n), "--dtype", d, "--json"])
                 tokens[d].append(r["tokens"])
-            print(f"{model.name}: prompt {i + 1}/{len(PROMPTS)}", file=sys.stderr)
+            print(f"{model.name}: prompt {i + 1}/{len(prompts)}", file=sys.stderr)
         out.append(f"## {model.name}\n")
         out.append("| dtype | perplexity | vs f32 | vs bf16 |")
         out.append("|---|---|---|---|")
@@ -94,7 +96,7 @@ def main():
         out.append("| prompt | " + " | ".join(f"{x} vs {y}" for x, y in pairs) + " |")
         out.append("|---|" + "---|" * len(pairs))
         summary = {p: [] for p in pairs}
-        for i, prompt in enumerate(PROMPTS):
+        for i, prompt in enumerate(prompts):
             cells = []
             for x, y in pairs:
                 tx, ty = tokens[x][i], tokens[y][i]
@@ -109,13 +111,12 @@ def main():
             same = sum(f is None for f in summary[p])
             diverged = sorted(f for f in summary[p] if f is not None)
             med = diverged[len(diverged) // 2] if diverged else "–"
-            cells.append(f"{same}/{len(PROMPTS)} equal; median first diff {med}")
+            cells.append(f"{same}/{len(prompts)} equal; median first diff {med}")
         out.append("| **summary** | " + " | ".join(cells) + " |")
         out.append("")
-    text = "\n".join(out)
-    print(text)
-    if a.o:
-        a.o.write_text(text + "\n")
+        if a.o:
+            a.o.write_text("\n".join(out) + "\n")
+    print("\n".join(out))
 
 
 if __name__ == "__main__":
