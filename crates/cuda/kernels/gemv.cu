@@ -76,7 +76,7 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
       for (int c = 0; c < R; c++) {
         const i64 col = col0 + c < n ? col0 + c : n - 1;
         if (v < vecs) {
-          q[u][c] = ((const uint4*)(w + col * wrow))[v];
+          q[u][c] = __ldcs((const uint4*)(w + col * wrow) + v);
           const i64 g = col * groups + v * VALS / group;
           sc[u][c] = ldf(s, sdt, g);
           bi[u][c] = ldf(z, sdt, g);
@@ -129,7 +129,7 @@ __device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m,
 #pragma unroll
       for (int c = 0; c < R; c++) {
         const i64 col = col0 + c < n ? col0 + c : n - 1;
-        if (v < vecs) q[u][c] = ((const uint4*)(w + col * k))[v];
+        if (v < vecs) q[u][c] = __ldcs((const uint4*)(w + col * k) + v);
       }
     }
 #pragma unroll
@@ -153,19 +153,34 @@ __device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m,
   }
 }
 
-// Warp w of the grid owns weight rows [w·R, w·R + R); blockDim 128.
+// One row of x (k values of T) in shared memory when the launch gave enough dynamic shared
+// memory for it, else x itself: every warp of the block then reads x from shared memory, and
+// only the weights stream through L1/L2 (loaded evict-first). Call before any early return.
+template <class T> __device__ __forceinline__ const T* stage_x(const void* x, int m, i64 k) {
+  extern __shared__ uint4 xs[];
+  unsigned smem;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+  const i64 words = k * (i64)sizeof(T) / 16;
+  if (m != 1 || smem < words * 16) return (const T*)x;
+  for (i64 i = threadIdx.x; i < words; i += blockDim.x) xs[i] = ((const uint4*)x)[i];
+  __syncthreads();
+  return (const T*)xs;
+}
+
+// Warp w of the grid owns weight rows [w·R, w·R + R).
 __device__ __forceinline__ i64 first_col(int r) { return ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * r; }
 
 // y [m, n] = x [m, k] · dequant(w)ᵀ.
 template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv(const void* x, int m, const unsigned* w, const void* s, const void* z, int sdt,
                                       void* y, int ydt, i64 n, i64 k, int group) {
+  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float acc[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
-  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, w, s, z, sdt, col0, n, group, acc);
+  qdot<X, BITS, MR, R>(xv, m, k, w, s, z, sdt, col0, n, group, acc);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -188,13 +203,14 @@ template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* wg, const void* sg, const void* zg,
                                           const unsigned* wu, const void* su, const void* zu, int sdt, void* y,
                                           int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {
+  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float g[MR * R], u[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
-  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, wg, sg, zg, sdt, col0, n, group, g);
-  qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, wu, su, zu, sdt, col0, n, group, u);
+  qdot<X, BITS, MR, R>(xv, m, k, wg, sg, zg, sdt, col0, n, group, g);
+  qdot<X, BITS, MR, R>(xv, m, k, wu, su, zu, sdt, col0, n, group, u);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -208,12 +224,13 @@ __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* 
 
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void* y, int ydt, i64 n, i64 k) {
+  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float acc[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
-  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)w, col0, n, acc);
+  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)w, col0, n, acc);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -228,13 +245,14 @@ __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void*
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, const void* wu, void* y, int ydt,
                                           int gdt, int silu_dt, i64 n, i64 k) {
+  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float g[MR * R], u[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
-  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wg, col0, n, g);
-  ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wu, col0, n, u);
+  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)wg, col0, n, g);
+  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)wu, col0, n, u);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -245,6 +263,51 @@ __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, 
     }
   }
 }
+
+// y [P, n]: pair p (of `pairs` = tokens · top) applies expert ids[p] (of `experts` stacked
+// [experts · n, k] quantized weights) to its row of x (x_rows 1: the token's row; else row p):
+// the routed-expert product at decode, blockIdx.y the pair, no host round trip for the ids.
+template <class X, int BITS, int R>
+__device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z,
+                                             int sdt, const void* ids, int id_kind, void* y, int ydt, i64 top,
+                                             i64 experts, i64 n, i64 k, int group, int* error, int tag) {
+  const i64 p = blockIdx.y;
+  const i64 e = ld_index(ids, id_kind, p);
+  const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
+  const typename X::T* xv = stage_x<typename X::T>((const typename X::T*)x + xr * k, 1, k);
+  if (e < 0 || e >= experts) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
+    return;
+  }
+  const i64 col0 = first_col(R);
+  if (col0 >= n) return;
+  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
+  const unsigned* we = w + rows * (k * BITS / 32);
+  const void* se = (const char*)s + rows * groups * ssz;
+  const void* ze = (const char*)z + rows * groups * ssz;
+  float acc[R];
+#pragma unroll
+  for (int c = 0; c < R; c++) acc[c] = 0.0f;
+  qdot<X, BITS, 1, R>(xv, 1, k, we, se, ze, sdt, col0, n, group, acc);
+#pragma unroll
+  for (int c = 0; c < R; c++) {
+    const float v = warp_sum(acc[c]);
+    if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, p * n + col0 + c, v);
+  }
+}
+
+#define GATHER_QGEMV(XN, X, BITS, R)                                                                                \
+  extern "C" __global__ void gather_qgemv_##XN##_##BITS##_1_##R(                                                   \
+      const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,        \
+      int id_kind, void* y, int ydt, i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag) {         \
+    gather_qgemv<X, BITS, R>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
+  }
+#define GATHER_QGEMV_X(XN, X)                                                                                      \
+  GATHER_QGEMV(XN, X, 4, 1) GATHER_QGEMV(XN, X, 4, 2) GATHER_QGEMV(XN, X, 4, 4) GATHER_QGEMV(XN, X, 8, 1)          \
+      GATHER_QGEMV(XN, X, 8, 2) GATHER_QGEMV(XN, X, 8, 4)
+GATHER_QGEMV_X(f32, F32)
+GATHER_QGEMV_X(f16, F16)
+GATHER_QGEMV_X(bf16, BF16)
 
 // Entry points `{family}_{x}_{variant}_{MR}_{R}`: qgemv/qglu (variant = bits), dgemv/dglu
 // (variant = weight dtype); (MR, R) in {(1, 1), (1, 2), (1, 4), (8, 1)}.

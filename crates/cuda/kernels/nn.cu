@@ -111,19 +111,51 @@ extern "C" __global__ void attention(const void* q, int qdt, const void* k, cons
 // block per row of D.
 extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, int sdt, const void* w, int wdt, void* y,
                                         int ydt, i64 d, float eps, int unit_offset) {
+  // Rows up to ARN_PER · blockDim wide stay in registers between the two passes, and every
+  // load of a pass is issued before its stores (which may alias nothing, but the compiler
+  // cannot know): one round trip to memory a pass instead of one an element.
+  constexpr int ARN_PER = 8;
   const i64 base = (i64)blockIdx.x * d;
+  const float off = unit_offset ? 1.0f : 0.0f;
   float ss = 0.0f;
+  if (d <= (i64)ARN_PER * blockDim.x) {
+    float va[ARN_PER], vb[ARN_PER];
+#pragma unroll
+    for (int t = 0; t < ARN_PER; t++) {
+      const i64 j = threadIdx.x + (i64)t * blockDim.x;
+      va[t] = j < d ? ldf(a, sdt, base + j) : 0.0f;
+      vb[t] = j < d ? ldf(b, sdt, base + j) : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < ARN_PER; t++) {
+      const i64 j = threadIdx.x + (i64)t * blockDim.x;
+      va[t] = round_to(va[t] + vb[t], sdt);  // the sum as stored
+      if (j < d) stf(s, sdt, base + j, va[t]);
+      ss += va[t] * va[t];
+    }
+    ss = block_sum(ss);
+    const float inv = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int t = 0; t < ARN_PER; t++) {
+      const i64 j = threadIdx.x + (i64)t * blockDim.x;
+      vb[t] = j < d ? ldf(w, wdt, j) + off : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < ARN_PER; t++) {
+      const i64 j = threadIdx.x + (i64)t * blockDim.x;
+      if (j < d) stf(y, ydt, base + j, va[t] * inv * vb[t]);
+    }
+    return;
+  }
   for (i64 j = threadIdx.x; j < d; j += blockDim.x) {
-    float v = ldf(a, sdt, base + j) + ldf(b, sdt, base + j);
+    const float v = round_to(ldf(a, sdt, base + j) + ldf(b, sdt, base + j), sdt);
     stf(s, sdt, base + j, v);
-    v = ldf(s, sdt, base + j);
     ss += v * v;
   }
   ss = block_sum(ss);
-  float inv = rsqrtf(ss / (float)d + eps);
+  const float inv = rsqrtf(ss / (float)d + eps);
   for (i64 j = threadIdx.x; j < d; j += blockDim.x) {
-    float g = ldf(w, wdt, j) + (unit_offset ? 1.0f : 0.0f);
-    stf(y, ydt, base + j, ldf(s, sdt, base + j) * inv * g);
+    stf(y, ydt, base + j, ldf(s, sdt, base + j) * inv * (ldf(w, wdt, j) + off));
   }
 }
 

@@ -124,3 +124,76 @@ fn fused_decode_patterns_match_the_cpu_backend() {
     let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Decode GEMV throughput on the shapes of llama-3.1-8b-4bit (4-bit, group 64, f16 x), each
+/// kernel alone: a graph of L independent products over distinct weights (more bytes than L2
+/// holds) replayed as one CUDA graph, timed at L and 2L so the fixed cost of a run cancels.
+/// A benchmark, not a check: run with `--ignored --nocapture` on the GPU machine.
+#[test]
+#[ignore]
+fn gemv_throughput() {
+    use mlxcel_core::{Backend, CompileOptions, DType, GraphBuilder, HostTensor};
+    use std::time::Instant;
+    let cuda = CudaBackend::new().expect("a GPU");
+    let build = |n: usize, k: usize, glu: bool, layers: usize| {
+        let mut rng = mlxcel_core::rng::SplitMix64(n as u64 * 31 + k as u64);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[1, 1, k]);
+        let mut outs = Vec::new();
+        for _ in 0..layers {
+            let mut proj = |b: &mut GraphBuilder| {
+                let packed: Vec<u32> = (0..n * k / 8).map(|_| rng.next_u64() as u32).collect();
+                let scales = rng.signed_vec(n * k / 64, 0.01);
+                let biases = rng.signed_vec(n * k / 64, 0.01);
+                let q = b.parameter("q", HostTensor::from_slice(&[n, k / 8], &packed).unwrap());
+                let s = b.parameter("s", HostTensor::from_f32(DType::F16, &[n, k / 64], &scales).unwrap());
+                let z = b.parameter("z", HostTensor::from_f32(DType::F16, &[n, k / 64], &biases).unwrap());
+                b.quantized_matmul(x, q, s, z, 4, 64).unwrap()
+            };
+            let y = if glu {
+                let g = proj(&mut b);
+                let g = b.silu(g).unwrap();
+                let u = proj(&mut b);
+                b.mul(g, u).unwrap()
+            } else {
+                proj(&mut b)
+            };
+            outs.push(y);
+        }
+        b.finish(&outs)
+    };
+    let time = |n: usize, k: usize, glu: bool, layers: usize| {
+        let graph = build(n, k, glu, layers);
+        let mut s = cuda.new_session().unwrap();
+        let id = s.load(&graph, CompileOptions::default()).unwrap();
+        let x = HostTensor::from_f32(DType::F16, &[1, 1, k], &noise(5, k)).unwrap();
+        for _ in 0..3 {
+            s.run(id, std::slice::from_ref(&x)).unwrap();
+        }
+        let runs = 20;
+        let t = Instant::now();
+        for _ in 0..runs {
+            s.run(id, std::slice::from_ref(&x)).unwrap();
+        }
+        t.elapsed().as_secs_f64() / runs as f64
+    };
+    let r = std::env::var("MLXCEL_GEMV_R").unwrap_or_else(|_| "auto".into());
+    println!("| shape (n x k) | kernel | R | µs/kernel | GB/s |");
+    println!("|---|---|---|---|---|");
+    for (n, k, glu, name) in [
+        (4096, 4096, false, "q/o proj"),
+        (1024, 4096, false, "k/v proj"),
+        (14336, 4096, true, "gate+up (fused GLU)"),
+        (4096, 14336, false, "down proj"),
+        (128256, 4096, false, "lm head"),
+    ] {
+        let bytes = (if glu { 2 } else { 1 }) * (n * k / 2 + 2 * 2 * n * k / 64);
+        let layers = (256usize << 20).div_ceil(bytes).clamp(2, 64);
+        let per = (time(n, k, glu, 2 * layers) - time(n, k, glu, layers)) / layers as f64;
+        println!(
+            "| {n} x {k} | {name} | {r} | {:.1} | {:.0} |",
+            per * 1e6,
+            bytes as f64 / per / 1e9
+        );
+    }
+}

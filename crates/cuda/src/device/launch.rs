@@ -111,24 +111,85 @@ fn compare_code(c: CompareOp) -> i32 {
 /// Rows of x the GEMV kernels (gemv.cu) take; more go to the general kernels.
 pub(crate) const GEMV_ROWS: usize = 8;
 
-/// The gemv.cu instantiation `{family}_{x}_{variant}_{MR}_{R}` for `rows` rows of x and `n`
-/// outputs, and its grid (four warps a block, R weight rows a warp: wide matrices share each
-/// load of x between more rows; narrow ones keep one row a warp so every SM has work).
+/// (token, expert) pairs up to which a routed-expert product takes the gathered GEMV kernel
+/// (a block row per pair); more (prefill) go to the general kernel.
+const GATHER_GEMV_PAIRS: usize = 64;
+
+/// How a gemv.cu kernel is launched.
+pub(crate) struct GemvLaunch {
+    pub name: &'static str,
+    pub grid: u32,
+    pub block: u32,
+    /// Dynamic shared memory: one row of x when the kernel stages it there (one row of x, at
+    /// most 48 KiB), else 0.
+    pub smem: u32,
+}
+
+/// The gemv.cu instantiation `{family}_{x}_{variant}_{MR}_{R}` for `rows` rows of x (`k` wide)
+/// and `n` outputs, and its launch: R weight rows a warp (wide matrices share each load of x
+/// between more rows; narrow ones keep one row a warp so every SM has work); for one row of x,
+/// optionally eight warps a block reading x from shared memory.
 pub(crate) fn gemv_kernel(
     family: &str,
     x: mlxcel_core::DType,
     variant: &str,
     rows: usize,
     n: usize,
-) -> Result<(&'static str, u32)> {
-    let (mr, r) = match (rows, n) {
-        (2.., _) => (GEMV_ROWS, 1),
-        (_, 8192..) => (1, 4),
-        (_, 2048..) => (1, 2),
+    k: usize,
+) -> Result<GemvLaunch> {
+    let (mr, r) = match (rows, n, forced_rows_per_warp()) {
+        (2.., _, _) => (GEMV_ROWS, 1),
+        (_, _, Some(r)) => (1, r),
+        (_, 8192.., _) => (1, 4),
+        (_, 2048.., _) => (1, 2),
         _ => (1, 1),
     };
-    let name = format!("{family}_{}_{variant}_{mr}_{r}", fsuffix(x)?);
-    Ok((intern(name), n.div_ceil(4 * r) as u32))
+    let name = intern(format!("{family}_{}_{variant}_{mr}_{r}", fsuffix(x)?));
+    let x_bytes = k * x.size();
+    let tune = gemv_tuning();
+    let (warps, smem) = if rows == 1 && tune.smem && x_bytes <= 48 << 10 {
+        (tune.warps, x_bytes.next_multiple_of(16) as u32)
+    } else {
+        (4, 0)
+    };
+    Ok(GemvLaunch {
+        name,
+        grid: n.div_ceil(warps * r) as u32,
+        block: 32 * warps as u32,
+        smem,
+    })
+}
+
+struct GemvTuning {
+    smem: bool,
+    warps: usize,
+}
+
+/// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory; off by default: on the H200 it measured
+/// 5–15% slower than reading x through L1, docs/benchmark_results/cuda-decode.md) and
+/// `MLXCEL_GEMV_WARPS=4|8|16` (warps a block when x is staged): for kernel tuning; read once.
+fn gemv_tuning() -> &'static GemvTuning {
+    static T: std::sync::OnceLock<GemvTuning> = std::sync::OnceLock::new();
+    T.get_or_init(|| GemvTuning {
+        smem: std::env::var("MLXCEL_GEMV_SMEM").is_ok_and(|v| v == "1"),
+        warps: std::env::var("MLXCEL_GEMV_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| matches!(w, 4 | 8 | 16))
+            .unwrap_or(8),
+    })
+}
+
+/// `MLXCEL_GEMV_R=1|2|4`: weight rows per warp for every one-row GEMV, in place of the choice
+/// by width (for kernel tuning; read once).
+fn forced_rows_per_warp() -> Option<usize> {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *R.get_or_init(|| {
+        std::env::var("MLXCEL_GEMV_R")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| matches!(r, 1 | 2 | 4))
+    })
 }
 
 /// Kernel names live as long as the process (the kernel table is keyed by `&'static str`).
@@ -325,7 +386,7 @@ pub fn node(
             ];
             let rows = batch * m;
             if *transpose_b && sb.len() == 2 && rows <= GEMV_ROWS && k % 8 == 0 && input(1).dtype.size() == 2 {
-                let (name, grid) = gemv_kernel("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows, nn)?;
+                let l = gemv_kernel("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows, nn, k)?;
                 let args = [
                     Ptr(ptr(0)),
                     I32(rows as i32),
@@ -335,7 +396,7 @@ pub fn node(
                     I64(nn as i64),
                     I64(k as i64),
                 ];
-                return gpu.launch(name, grid, 128, 0, &args);
+                return gpu.launch(l.name, l.grid, l.block, l.smem, &args);
             }
             // Linear layers (b transposed) take the coalescing warp-per-output kernel, which has
             // no transpose parameter; the general kernel does.
@@ -369,7 +430,7 @@ pub fn node(
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
                 let bits_name = if *bits == 4 { "4" } else { "8" };
-                let (name, grid) = gemv_kernel("qgemv", input(0).dtype, bits_name, m, nn)?;
+                let l = gemv_kernel("qgemv", input(0).dtype, bits_name, m, nn, k)?;
                 let args = [
                     Ptr(ptr(0)),
                     I32(m as i32),
@@ -383,7 +444,7 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
-                return gpu.launch(name, grid, 128, 0, &args);
+                return gpu.launch(l.name, l.grid, l.block, l.smem, &args);
             }
             gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
         }
@@ -416,6 +477,31 @@ pub fn node(
                 Ptr(error),
                 I32(tag),
             ];
+            if pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
+                // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop.
+                let bits_name = if *bits == 4 { "4" } else { "8" };
+                let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name, 1, nn, k)?;
+                let args = [
+                    Ptr(ptr(0)),
+                    I64(x_rows as i64),
+                    Ptr(ptr(1)),
+                    Ptr(ptr(2)),
+                    Ptr(ptr(3)),
+                    I32(fcode(input(2).dtype)?),
+                    Ptr(ptr(4)),
+                    I32(icode(input(4).dtype)?),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                    I64(top as i64),
+                    I64(experts as i64),
+                    I64(nn as i64),
+                    I64(k as i64),
+                    I32(*group_size as i32),
+                    Ptr(error),
+                    I32(tag),
+                ];
+                return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
+            }
             gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
         }
         Op::RmsNorm { eps, unit_offset } => {
@@ -748,7 +834,7 @@ pub(crate) fn fused(
             let xdt = graph.node(*x).dtype;
             match ng.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let (name, grid) = gemv_kernel("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows, n)?;
+                    let l = gemv_kernel("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows, n, k)?;
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for j in [*g, *u] {
                         args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
@@ -757,11 +843,11 @@ pub(crate) fn fused(
                     args.push(Ptr(at(i)));
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64), I32(group_size as i32)]);
-                    gpu.launch(name, grid, 128, 0, &args)
+                    gpu.launch(l.name, l.grid, l.block, l.smem, &args)
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
-                    let (name, grid) = gemv_kernel("dglu", xdt, w, rows, n)?;
+                    let l = gemv_kernel("dglu", xdt, w, rows, n, k)?;
                     let mut args = vec![
                         Ptr(at(x.index())),
                         I32(rows as i32),
@@ -771,7 +857,7 @@ pub(crate) fn fused(
                     ];
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64)]);
-                    gpu.launch(name, grid, 128, 0, &args)
+                    gpu.launch(l.name, l.grid, l.block, l.smem, &args)
                 }
             }
         }
@@ -795,7 +881,9 @@ pub(crate) fn fused(
                 F32(eps),
                 I32(i32::from(unit_offset)),
             ];
-            gpu.launch("add_rms_norm", (n / d.max(1)) as u32, THREADS, 0, &args)
+            // A block of up to 1024 threads a row keeps the row in registers (nn.cu).
+            let block = d.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32;
+            gpu.launch("add_rms_norm", (n / d.max(1)) as u32, block, 0, &args)
         }
     }
 }
@@ -949,7 +1037,8 @@ fn try_gemm(gpu: &Gpu, graph: &Graph, i: usize, ptr: &dyn Fn(usize) -> u64, out:
 }
 
 /// Splits of the cache for decode attention (one query position per head, head sizes up to 256):
-/// enough blocks for every SM twice over, at least 32 keys a split.
+/// a split of `keys_per_split()` keys (32: eight a warp, so the serial chain of loads per warp
+/// stays short), at most 256, and enough blocks for every SM twice over.
 fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     let node = &graph.nodes[i];
     let Op::Attention { .. } = node.op else { return None };
@@ -962,7 +1051,21 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
         return None;
     }
     let rows = sq[0] * sq[1];
-    Some((264usize.div_ceil(rows)).clamp(1, 64).min(sk[2].div_ceil(32)).max(1))
+    let by_keys = sk[2].div_ceil(keys_per_split());
+    Some(by_keys.max(264usize.div_ceil(rows)).min(sk[2]).clamp(1, 256))
+}
+
+/// `MLXCEL_ATT_KEYS`: cache positions a decode-attention split takes (default 32, the best of
+/// 8/16/32/64 on llama-3.1-8b-4bit at context ~576; for tuning).
+fn keys_per_split() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        std::env::var("MLXCEL_ATT_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&k| k >= 4)
+            .unwrap_or(32)
+    })
 }
 
 /// Bytes of partial results decode attention keeps for node `i`, if it takes the split kernel.
