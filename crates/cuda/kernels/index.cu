@@ -66,6 +66,40 @@ extern "C" __global__ void argsort_rows(const void* x, int dt, i64 rows, i64 n, 
   }
 }
 
+// Top-k of short rows (n <= 1024, the MoE router's expert scores): one warp a row holds the
+// row in registers (32 values a lane) and takes `keep` rounds of a warp-wide selection of the
+// next element in sort order (descending, NaN first, ties by lower index) among those not yet
+// taken, so the result equals argsort_rows' first `keep` entries.
+extern "C" __global__ void topk_warp(const void* x, int dt, i64 rows, i64 n, i64 keep, unsigned* y) {
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float v[32];
+#pragma unroll
+  for (int t = 0; t < 32; t++) {
+    const i64 i = lane + 32 * t;
+    v[t] = i < n ? ldf(x, dt, row * n + i) : 0.0f;
+  }
+  unsigned taken = 0;
+  for (i64 r = 0; r < keep; r++) {
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int t = 0; t < 32; t++) {
+      const int i = lane + 32 * t;
+      if (i < n && !((taken >> t) & 1u) && (bi < 0 || before(v[t], i, bv, bi, 1))) { bv = v[t]; bi = i; }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi, 1))) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) y[row * keep + r] = (unsigned)bi;
+    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+  }
+}
+
 // The CPU's counter-based RNG (mlxcel_core::rng), bit for bit.
 __device__ __forceinline__ u64 mix64(u64 x) {
   x += 0x9e3779b97f4a7c15ull;

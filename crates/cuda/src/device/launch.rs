@@ -727,6 +727,18 @@ pub fn node(
                 Op::ArgSort { descending } => (i32::from(*descending), row),
                 _ => unreachable!(),
             };
+            if matches!(node.op, Op::TopK { .. }) && row <= 1024 {
+                // A warp a row (the router's few dozen or hundred experts), 8 rows a block.
+                let args = [
+                    Ptr(ptr(0)),
+                    I32(fcode(input(0).dtype)?),
+                    I64(rows as i64),
+                    I64(row as i64),
+                    I64(keep as i64),
+                    Ptr(out),
+                ];
+                return gpu.launch("topk_warp", rows.div_ceil(8) as u32, 256, 0, &args);
+            }
             let args = [
                 Ptr(ptr(0)),
                 I32(fcode(input(0).dtype)?),
