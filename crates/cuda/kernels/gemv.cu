@@ -57,6 +57,35 @@ template <> __device__ __forceinline__ void qvals<4>(unsigned w, float* o) {
   }
 }
 
+// out [n, k] (dtype odt) = dequant(w [n, k·BITS/32]) for BITS 4 or 8: the weight of a large
+// prefill product, expanded for cuBLAS. A thread a packed word (its values share one group:
+// groups are multiples of 32), the group's scale and bias loaded once, exact floats from the
+// bits; rows loop over gridDim.y (the LM head has more rows than a grid dimension holds).
+template <int BITS>
+__device__ __forceinline__ void dequant_words(const unsigned* w, const void* s, const void* z, int sdt, void* out,
+                                              int odt, i64 n, i64 k, int group) {
+  constexpr int PER = 32 / BITS;
+  const i64 words = k / PER, groups = k / group;
+  for (i64 row = blockIdx.y; row < n; row += gridDim.y) {
+    for (i64 wi = (i64)blockIdx.x * blockDim.x + threadIdx.x; wi < words; wi += (i64)gridDim.x * blockDim.x) {
+      const i64 j0 = wi * PER, g = row * groups + j0 / group;
+      const float sc = ldf(s, sdt, g), bi = ldf(z, sdt, g);
+      float v[PER];
+      qvals<BITS>(w[row * words + wi], v);
+#pragma unroll
+      for (int e = 0; e < PER; e++) stf(out, odt, row * k + j0 + e, v[e] * sc + bi);
+    }
+  }
+}
+extern "C" __global__ void dequant_words_4(const unsigned* w, const void* s, const void* z, int sdt, void* out, int odt,
+                                           i64 n, i64 k, int group) {
+  dequant_words<4>(w, s, z, sdt, out, odt, n, k, group);
+}
+extern "C" __global__ void dequant_words_8(const unsigned* w, const void* s, const void* z, int sdt, void* out, int odt,
+                                           i64 n, i64 k, int group) {
+  dequant_words<8>(w, s, z, sdt, out, odt, n, k, group);
+}
+
 // acc[r·R + c] += x[r, :] · dequant(w[col0 + c, :]) for r < m, c < R: each 16-byte chunk of x
 // is loaded once for R weight rows, and 8 weight words are in flight per lane. BITS 4 or 8,
 // group a multiple of 32. Rows past n are clamped to n - 1 (computed, never stored).

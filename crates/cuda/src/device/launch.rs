@@ -982,6 +982,32 @@ fn try_gemm(gpu: &Gpu, graph: &Graph, i: usize, ptr: &dyn Fn(usize) -> u64, out:
     } else {
         let count = (n * k) as i64;
         match node.op {
+            Op::QuantizedMatMul { bits, group_size } if matches!(bits, 4 | 8) && group_size % 32 == 0 => {
+                let words = k * bits as usize / 32;
+                let name = if bits == 4 {
+                    "dequant_words_4"
+                } else {
+                    "dequant_words_8"
+                };
+                let grid = (words.div_ceil(256).min(65535) as u32, n.min(65535) as u32);
+                gpu.launch_grid(
+                    name,
+                    grid,
+                    256,
+                    0,
+                    &[
+                        Arg::Ptr(ptr(1)),
+                        Arg::Ptr(ptr(2)),
+                        Arg::Ptr(ptr(3)),
+                        Arg::I32(fcode(input(2).dtype)?),
+                        Arg::Ptr(scratch),
+                        Arg::I32(fcode(xdt)?),
+                        Arg::I64(n as i64),
+                        Arg::I64(k as i64),
+                        Arg::I32(group_size as i32),
+                    ],
+                )?
+            }
             Op::QuantizedMatMul { bits, group_size } => gpu.launch(
                 "dequant_rows",
                 blocks(n * k),
