@@ -230,8 +230,9 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {what} | {device} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} | {} |",
+        "| {what} | {device} | {} ({}) | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} | {} |",
         dtype.name(),
+        plan.policy.name(),
         a.prompt,
         a.gen,
         pm(mean_std(&prefill)),
