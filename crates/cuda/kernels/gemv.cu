@@ -91,7 +91,8 @@ extern "C" __global__ void dequant_words_8(const unsigned* w, const void* s, con
 // group a multiple of 32. Rows past n are clamped to n - 1 (computed, never stored).
 template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m, i64 k, const unsigned* __restrict__ w,
-                                     const void* s, const void* z, int sdt, i64 col0, i64 n, int group, float* acc) {
+                                     const void* s, const void* z, int sdt, i64 col0, i64 n, int group, float* acc,
+                                     const float* __restrict__ xsum) {
   constexpr int VALS = 128 / BITS, PER = 32 / BITS, U = 8 / R;
   const int lane = threadIdx.x & 31;
   const i64 vecs = k / VALS, groups = k / group, wrow = k / PER;
@@ -123,8 +124,13 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
 #pragma unroll
         for (int c = 0; c < VALS / 8; c++) ldx8<X>(x + r * k + v * VALS + 8 * c, xv + 8 * c);
         float xs = 0.0f;
+        if (xsum) {  // staged: the sums of each 16 values of x, made once per block
+          xs = xsum[v * VALS / 16];
+          if (VALS == 32) xs += xsum[v * VALS / 16 + 1];
+        } else {
 #pragma unroll
-        for (int e = 0; e < VALS; e++) xs += xv[e];
+          for (int e = 0; e < VALS; e++) xs += xv[e];
+        }
 #pragma unroll
         for (int c = 0; c < R; c++) {
           const unsigned words[4] = {q[u][c].x, q[u][c].y, q[u][c].z, q[u][c].w};
@@ -182,18 +188,31 @@ __device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m,
   }
 }
 
-// One row of x (k values of T) in shared memory when the launch gave enough dynamic shared
-// memory for it, else x itself: every warp of the block then reads x from shared memory, and
-// only the weights stream through L1/L2 (loaded evict-first). Call before any early return.
-template <class T> __device__ __forceinline__ const T* stage_x(const void* x, int m, i64 k) {
-  extern __shared__ uint4 xs[];
+// One row of x as f32 in shared memory, followed by the sum of each 16 of its values, when the
+// launch gave room for them (MLXCEL_GEMV_SMEM=1): every row a block computes then reads floats
+// and sums made once per block instead of converting and summing x again for each weight row.
+// Null: read x itself. Call before any early return (it synchronizes the block).
+template <class X> __device__ __forceinline__ const float* stage_xf(const void* x, int m, i64 k) {
+  extern __shared__ float4 staged[];
+  float* xf = (float*)staged;
   unsigned smem;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
-  const i64 words = k * (i64)sizeof(T) / 16;
-  if (m != 1 || smem < words * 16) return (const T*)x;
-  for (i64 i = threadIdx.x; i < words; i += blockDim.x) xs[i] = ((const uint4*)x)[i];
+  if (m != 1 || k % 16 != 0 || (i64)smem < (k + k / 16) * 4) return nullptr;
+  for (i64 i = threadIdx.x; i < k / 8; i += blockDim.x) {
+    float v[8];
+    ldx8<X>((const typename X::T*)x + 8 * i, v);
+    staged[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
+    staged[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
   __syncthreads();
-  return (const T*)xs;
+  for (i64 c = threadIdx.x; c < k / 16; c += blockDim.x) {
+    float t = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; e++) t += xf[16 * c + e];
+    xf[k + c] = t;
+  }
+  __syncthreads();
+  return xf;
 }
 
 // Warp w of the grid owns weight rows [w·R, w·R + R).
@@ -203,13 +222,14 @@ __device__ __forceinline__ i64 first_col(int r) { return ((i64)blockIdx.x * (blo
 template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv(const void* x, int m, const unsigned* w, const void* s, const void* z, int sdt,
                                       void* y, int ydt, i64 n, i64 k, int group) {
-  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
+  const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float acc[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
-  qdot<X, BITS, MR, R>(xv, m, k, w, s, z, sdt, col0, n, group, acc);
+  if (MR == 1 && xf) qdot<F32, BITS, 1, R>(xf, m, k, w, s, z, sdt, col0, n, group, acc, xf + k);
+  else qdot<X, BITS, MR, R>((const typename X::T*)x, m, k, w, s, z, sdt, col0, n, group, acc, nullptr);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -232,14 +252,20 @@ template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* wg, const void* sg, const void* zg,
                                           const unsigned* wu, const void* su, const void* zu, int sdt, void* y,
                                           int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {
-  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
+  const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float g[MR * R], u[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
-  qdot<X, BITS, MR, R>(xv, m, k, wg, sg, zg, sdt, col0, n, group, g);
-  qdot<X, BITS, MR, R>(xv, m, k, wu, su, zu, sdt, col0, n, group, u);
+  if (MR == 1 && xf) {
+    qdot<F32, BITS, 1, R>(xf, m, k, wg, sg, zg, sdt, col0, n, group, g, xf + k);
+    qdot<F32, BITS, 1, R>(xf, m, k, wu, su, zu, sdt, col0, n, group, u, xf + k);
+  } else {
+    const typename X::T* xv = (const typename X::T*)x;
+    qdot<X, BITS, MR, R>(xv, m, k, wg, sg, zg, sdt, col0, n, group, g, nullptr);
+    qdot<X, BITS, MR, R>(xv, m, k, wu, su, zu, sdt, col0, n, group, u, nullptr);
+  }
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -253,13 +279,14 @@ __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* 
 
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void* y, int ydt, i64 n, i64 k) {
-  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
+  const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float acc[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) acc[i] = 0.0f;
-  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)w, col0, n, acc);
+  if (MR == 1 && xf) ddot<F32, W, 1, R>(xf, m, k, (const unsigned short*)w, col0, n, acc);
+  else ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)w, col0, n, acc);
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -274,14 +301,19 @@ __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void*
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, const void* wu, void* y, int ydt,
                                           int gdt, int silu_dt, i64 n, i64 k) {
-  const typename X::T* xv = stage_x<typename X::T>(x, m, k);
+  const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float g[MR * R], u[MR * R];
 #pragma unroll
   for (int i = 0; i < MR * R; i++) { g[i] = 0.0f; u[i] = 0.0f; }
-  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)wg, col0, n, g);
-  ddot<X, W, MR, R>(xv, m, k, (const unsigned short*)wu, col0, n, u);
+  if (MR == 1 && xf) {
+    ddot<F32, W, 1, R>(xf, m, k, (const unsigned short*)wg, col0, n, g);
+    ddot<F32, W, 1, R>(xf, m, k, (const unsigned short*)wu, col0, n, u);
+  } else {
+    ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wg, col0, n, g);
+    ddot<X, W, MR, R>((const typename X::T*)x, m, k, (const unsigned short*)wu, col0, n, u);
+  }
 #pragma unroll
   for (int r = 0; r < MR; r++) {
     if (r >= m) break;
@@ -303,7 +335,8 @@ __device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const un
   const i64 p = blockIdx.y;
   const i64 e = ld_index(ids, id_kind, p);
   const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
-  const typename X::T* xv = stage_x<typename X::T>((const typename X::T*)x + xr * k, 1, k);
+  const typename X::T* xrow = (const typename X::T*)x + xr * k;
+  const float* xf = stage_xf<X>(xrow, 1, k);
   if (e < 0 || e >= experts) {
     if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
     return;
@@ -317,7 +350,8 @@ __device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const un
   float acc[R];
 #pragma unroll
   for (int c = 0; c < R; c++) acc[c] = 0.0f;
-  qdot<X, BITS, 1, R>(xv, 1, k, we, se, ze, sdt, col0, n, group, acc);
+  if (xf) qdot<F32, BITS, 1, R>(xf, 1, k, we, se, ze, sdt, col0, n, group, acc, xf + k);
+  else qdot<X, BITS, 1, R>(xrow, 1, k, we, se, ze, sdt, col0, n, group, acc, nullptr);
 #pragma unroll
   for (int c = 0; c < R; c++) {
     const float v = warp_sum(acc[c]);

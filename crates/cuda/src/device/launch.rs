@@ -120,8 +120,8 @@ pub(crate) struct GemvLaunch {
     pub name: &'static str,
     pub grid: u32,
     pub block: u32,
-    /// Dynamic shared memory: one row of x when the kernel stages it there (one row of x, at
-    /// most 48 KiB), else 0.
+    /// Dynamic shared memory: one row of x as f32 plus its 16-value sums when the kernel
+    /// stages it there (at most MAX_STAGED_BYTES), else 0.
     pub smem: u32,
 }
 
@@ -145,10 +145,11 @@ pub(crate) fn gemv_kernel(
         _ => (1, 1),
     };
     let name = intern(format!("{family}_{}_{variant}_{mr}_{r}", fsuffix(x)?));
-    let x_bytes = k * x.size();
+    // Staged: x as f32 and the sum of each 16 of its values (gemv.cu, stage_xf).
+    let staged_bytes = (k + k / 16) * 4;
     let tune = gemv_tuning();
-    let (warps, smem) = if rows == 1 && tune.smem && x_bytes <= 48 << 10 {
-        (tune.warps, x_bytes.next_multiple_of(16) as u32)
+    let (warps, smem) = if rows == 1 && tune.smem && k % 16 == 0 && staged_bytes <= MAX_STAGED_BYTES {
+        (tune.warps, staged_bytes.next_multiple_of(16) as u32)
     } else {
         (4, 0)
     };
@@ -160,13 +161,18 @@ pub(crate) fn gemv_kernel(
     })
 }
 
+/// Most shared memory a staged GEMV asks for (Hopper gives a block up to 227 KiB; past 48 KiB
+/// the launch raises the kernel's limit first).
+const MAX_STAGED_BYTES: usize = 160 << 10;
+
 struct GemvTuning {
     smem: bool,
     warps: usize,
 }
 
-/// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory; off by default: on the H200 it measured
-/// 5–15% slower than reading x through L1, docs/benchmark_results/cuda-decode.md) and
+/// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
+/// block; off by default until measured: staging x in its own dtype measured 5–15% slower than
+/// reading it through L1, docs/benchmark_results/cuda-decode.md) and
 /// `MLXCEL_GEMV_WARPS=4|8|16` (warps a block when x is staged): for kernel tuning; read once.
 fn gemv_tuning() -> &'static GemvTuning {
     static T: std::sync::OnceLock<GemvTuning> = std::sync::OnceLock::new();

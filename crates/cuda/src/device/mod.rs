@@ -612,6 +612,14 @@ impl Gpu {
     /// [`Gpu::launch`] on a two-dimensional grid.
     fn launch_grid(&self, name: &'static str, grid: (u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
+        if smem > 48 << 10 {
+            // Past 48 KiB a kernel must be allowed its dynamic shared memory first.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
+        }
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {
