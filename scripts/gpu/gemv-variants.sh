@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU call 3: correctness of the GEMV changes, GEMV throughput by variant, the bench sweep, a profile.
+# GPU: correctness under each GEMV variant, GEMV throughput by variant, the bench sweep, attention splits, a profile.
 cd "$(dirname "$0")/../.."
 lib=$(dirname "$(find / -name 'libcublas.so.1*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_TEST_ROOT=$PWD MLXCEL_CACHE_DIR=/tmp/mlxcel-cache
@@ -7,18 +7,18 @@ for t in .gpu/tests/*; do
   echo "=== $t" >> $OUT/tests.txt
   MLXCEL_REQUIRE_CUDA=1 timeout 240 "$t" --test-threads 1 --skip every_kernel_compiles >> $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
 done
-for r in 2 4; do  # the wide-matrix kernels (R weight rows a warp) on every op case too
-  echo "=== gpu-test with MLXCEL_GEMV_R=$r" >> $OUT/tests.txt
-  MLXCEL_GEMV_R=$r MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel_compiles >> $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
+for v in "MLXCEL_GEMV_R=2" "MLXCEL_GEMV_R=4" "MLXCEL_GEMV_SMEM=1"; do  # every op case under each kernel variant too
+  echo "=== gpu-test with $v" >> $OUT/tests.txt
+  env $v MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel_compiles >> $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
 done
 grep -E "^=== |rc=|test result|differ|FAILED|panicked" $OUT/tests.txt | head -40
 ls /usr/local/cuda*/bin 2>/dev/null | head -30 > $OUT/tools.txt; which nsys ncu >> $OUT/tools.txt 2>&1
 g=.gpu/tests/gpu-test
 {
-  echo "## default (x in shared memory, 8 warps/block)"; $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
-  echo "## MLXCEL_GEMV_SMEM=0"; MLXCEL_GEMV_SMEM=0 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
-  echo "## MLXCEL_GEMV_WARPS=4"; MLXCEL_GEMV_WARPS=4 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
-  echo "## MLXCEL_GEMV_WARPS=16"; MLXCEL_GEMV_WARPS=16 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
+  echo "## default (x through L1)"; $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
+  echo "## MLXCEL_GEMV_SMEM=1 (x staged as f32 with sums, 8 warps/block)"; MLXCEL_GEMV_SMEM=1 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
+  echo "## MLXCEL_GEMV_SMEM=1 MLXCEL_GEMV_WARPS=4"; MLXCEL_GEMV_SMEM=1 MLXCEL_GEMV_WARPS=4 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
+  echo "## MLXCEL_GEMV_SMEM=1 MLXCEL_GEMV_WARPS=16"; MLXCEL_GEMV_SMEM=1 MLXCEL_GEMV_WARPS=16 $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'
   for r in 1 2 4; do echo "## MLXCEL_GEMV_R=$r"; MLXCEL_GEMV_R=$r $g gemv_throughput --ignored --nocapture 2>&1 | grep '^|'; done
 } > $OUT/gemv.md 2>&1
 cat $OUT/gemv.md
