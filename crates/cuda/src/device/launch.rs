@@ -148,7 +148,7 @@ pub(crate) fn gemv_kernel(
     // Staged: x as f32 and the sum of each 16 of its values (gemv.cu, stage_xf).
     let staged_bytes = (k + k / 16) * 4;
     let tune = gemv_tuning();
-    let (warps, smem) = if rows == 1 && tune.smem && k % 16 == 0 && staged_bytes <= MAX_STAGED_BYTES {
+    let (warps, smem) = if rows == 1 && tune.smem && k.is_multiple_of(16) && staged_bytes <= MAX_STAGED_BYTES {
         (tune.warps, staged_bytes.next_multiple_of(16) as u32)
     } else {
         (4, 0)
