@@ -359,10 +359,13 @@ __device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const un
   }
 }
 
+// The parameters of linalg.cu's gather_qmm, so one argument list launches either (x's dtype,
+// the pair count and the bit width are in the name and the grid here).
 #define GATHER_QGEMV(XN, X, BITS, R)                                                                                \
   extern "C" __global__ void gather_qgemv_##XN##_##BITS##_1_##R(                                                   \
-      const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,        \
-      int id_kind, void* y, int ydt, i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag) {         \
+      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,   \
+      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,          \
+      int tag) {                                                                                                  \
     gather_qgemv<X, BITS, R>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
   }
 #define GATHER_QGEMV_X(XN, X)                                                                                      \

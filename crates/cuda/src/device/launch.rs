@@ -161,6 +161,20 @@ pub(crate) fn gemv_kernel(
     })
 }
 
+/// The tuning variable `var` as a number, if set and one.
+fn env_usize(var: &str) -> Option<usize> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
+}
+
+/// The gemv.cu variant name of a bit width (4 or 8).
+fn bits_name(bits: u32) -> &'static str {
+    if bits == 4 {
+        "4"
+    } else {
+        "8"
+    }
+}
+
 /// Most shared memory a staged GEMV asks for (Hopper gives a block up to 227 KiB; past 48 KiB
 /// the launch raises the kernel's limit first).
 const MAX_STAGED_BYTES: usize = 160 << 10;
@@ -178,9 +192,7 @@ fn gemv_tuning() -> &'static GemvTuning {
     static T: std::sync::OnceLock<GemvTuning> = std::sync::OnceLock::new();
     T.get_or_init(|| GemvTuning {
         smem: std::env::var("MLXCEL_GEMV_SMEM").is_ok_and(|v| v == "1"),
-        warps: std::env::var("MLXCEL_GEMV_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        warps: env_usize("MLXCEL_GEMV_WARPS")
             .filter(|w| matches!(w, 4 | 8 | 16))
             .unwrap_or(8),
     })
@@ -190,12 +202,7 @@ fn gemv_tuning() -> &'static GemvTuning {
 /// by width (for kernel tuning; read once).
 fn forced_rows_per_warp() -> Option<usize> {
     static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *R.get_or_init(|| {
-        std::env::var("MLXCEL_GEMV_R")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| matches!(r, 1 | 2 | 4))
-    })
+    *R.get_or_init(|| env_usize("MLXCEL_GEMV_R").filter(|r| matches!(r, 1 | 2 | 4)))
 }
 
 /// Kernel names live as long as the process (the kernel table is keyed by `&'static str`).
@@ -435,8 +442,7 @@ pub fn node(
                 I32(*group_size as i32),
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                let bits_name = if *bits == 4 { "4" } else { "8" };
-                let l = gemv_kernel("qgemv", input(0).dtype, bits_name, m, nn, k)?;
+                let l = gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?;
                 let args = [
                     Ptr(ptr(0)),
                     I32(m as i32),
@@ -484,28 +490,9 @@ pub fn node(
                 I32(tag),
             ];
             if pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop.
-                let bits_name = if *bits == 4 { "4" } else { "8" };
-                let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name, 1, nn, k)?;
-                let args = [
-                    Ptr(ptr(0)),
-                    I64(x_rows as i64),
-                    Ptr(ptr(1)),
-                    Ptr(ptr(2)),
-                    Ptr(ptr(3)),
-                    I32(fcode(input(2).dtype)?),
-                    Ptr(ptr(4)),
-                    I32(icode(input(4).dtype)?),
-                    Ptr(out),
-                    I32(fcode(node.dtype)?),
-                    I64(top as i64),
-                    I64(experts as i64),
-                    I64(nn as i64),
-                    I64(k as i64),
-                    I32(*group_size as i32),
-                    Ptr(error),
-                    I32(tag),
-                ];
+                // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop
+                // (same parameters as gather_qmm).
+                let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
             }
             gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
@@ -852,7 +839,7 @@ pub(crate) fn fused(
             let xdt = graph.node(*x).dtype;
             match ng.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let l = gemv_kernel("qglu", xdt, if bits == 4 { "4" } else { "8" }, rows, n, k)?;
+                    let l = gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?;
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for j in [*g, *u] {
                         args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
@@ -1103,13 +1090,7 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
 /// 8/16/32/64 on llama-3.1-8b-4bit at context ~576; for tuning).
 fn keys_per_split() -> usize {
     static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *K.get_or_init(|| {
-        std::env::var("MLXCEL_ATT_KEYS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&k| k >= 4)
-            .unwrap_or(32)
-    })
+    *K.get_or_init(|| env_usize("MLXCEL_ATT_KEYS").filter(|&k| k >= 4).unwrap_or(32))
 }
 
 /// Bytes of partial results decode attention keeps for node `i`, if it takes the split kernel.
