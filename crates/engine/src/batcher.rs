@@ -84,7 +84,7 @@ impl Batcher {
                 let seq = self.sched.seq(id);
                 let counter = seq.map_or(0, |s| s.generated().len() as u32);
                 let history = seq.map_or(&[][..], |s| &s.tokens[..]);
-                sampler::sample_host_with(l, &p.sampler, counter, history)
+                sampler::sample_host(l, &p.sampler, counter, history)
             }
             _ => argmax,
         }

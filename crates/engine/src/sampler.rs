@@ -169,23 +169,11 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
     ))
 }
 
-/// The draw of [`build`] on the host, for batches whose rows sample differently: temperature
-/// and top-p only (see [`sample_host_with`] for the whole chain).
-pub fn sample_host(logits: &[f32], temperature: f32, top_p: f32, seed: u64, counter: u32) -> u32 {
-    let s = SamplerSettings {
-        temperature,
-        top_p,
-        seed,
-        ..SamplerSettings::default()
-    };
-    sample_host_with(logits, &s, counter, &[])
-}
-
-/// [`build`]'s chain on the host, in its order: repetition penalty over the last
+/// [`build`]'s chain on the host, for batches whose rows sample differently, in its order: repetition penalty over the last
 /// `repetition_context` tokens of `history`, top-p, min-p and top-k masks, then temperature
 /// and Gumbel-max with the noise of row 0, so a request draws the same tokens whichever batch
 /// row it sits in (argmax at temperature 0).
-pub fn sample_host_with(logits: &[f32], s: &SamplerSettings, counter: u32, history: &[u32]) -> u32 {
+pub fn sample_host(logits: &[f32], s: &SamplerSettings, counter: u32, history: &[u32]) -> u32 {
     let mut l = logits.to_vec();
     if s.uses_penalty() {
         let recent = &history[history.len().saturating_sub(s.repetition_context)..];
@@ -225,9 +213,10 @@ pub fn sample_host_with(logits: &[f32], s: &SamplerSettings, counter: u32, histo
         mask_below(&mut l, top + s.min_p.ln());
     }
     if s.top_k > 0 && s.top_k < l.len() {
-        let mut sorted = l.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        mask_below(&mut l, sorted[s.top_k - 1]);
+        // The k-th largest: a selection, not a sort of the whole vocabulary.
+        let mut v = l.clone();
+        let (_, kth, _) = v.select_nth_unstable_by(s.top_k - 1, |a, b| b.total_cmp(a));
+        mask_below(&mut l, *kth);
     }
     if s.is_greedy() {
         return argmax(&l);
@@ -259,9 +248,20 @@ pub fn argmax(x: &[f32]) -> u32 {
 mod host_tests {
     use super::*;
 
+    /// Temperature and top-p only.
+    fn draw(logits: &[f32], temperature: f32, top_p: f32, seed: u64, counter: u32) -> u32 {
+        let s = SamplerSettings {
+            temperature,
+            top_p,
+            seed,
+            ..SamplerSettings::default()
+        };
+        sample_host(logits, &s, counter, &[])
+    }
+
     #[test]
     fn greedy_is_the_first_maximum() {
-        assert_eq!(sample_host(&[1.0, 3.0, 3.0, -1.0], 0.0, 1.0, 0, 0), 1);
+        assert_eq!(draw(&[1.0, 3.0, 3.0, -1.0], 0.0, 1.0, 0, 0), 1);
     }
 
     #[test]
@@ -270,7 +270,7 @@ mod host_tests {
         let l: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
         let mut seen = [0usize; 4];
         for counter in 0..2000 {
-            seen[sample_host(&l, 1.0, 0.7, 9, counter) as usize] += 1;
+            seen[draw(&l, 1.0, 0.7, 9, counter) as usize] += 1;
         }
         assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
         // 0.5 / 0.8 of the kept mass, roughly.
@@ -280,8 +280,8 @@ mod host_tests {
     #[test]
     fn draws_follow_the_distribution_and_replay_from_the_seed() {
         let l: Vec<f32> = [0.6f32, 0.4].iter().map(|p| p.ln()).collect();
-        let a: Vec<u32> = (0..3000).map(|c| sample_host(&l, 1.0, 1.0, 5, c)).collect();
-        let b: Vec<u32> = (0..3000).map(|c| sample_host(&l, 1.0, 1.0, 5, c)).collect();
+        let a: Vec<u32> = (0..3000).map(|c| draw(&l, 1.0, 1.0, 5, c)).collect();
+        let b: Vec<u32> = (0..3000).map(|c| draw(&l, 1.0, 1.0, 5, c)).collect();
         assert_eq!(a, b);
         let ones = a.iter().filter(|&&t| t == 1).count();
         assert!((1050..1350).contains(&ones), "{ones}");
@@ -293,7 +293,7 @@ mod host_tests {
         let draw = |s: &SamplerSettings| -> [usize; 4] {
             let mut seen = [0usize; 4];
             for c in 0..2000 {
-                seen[sample_host_with(&l, s, c, &[]) as usize] += 1;
+                seen[sample_host(&l, s, c, &[]) as usize] += 1;
             }
             seen
         };
@@ -327,15 +327,11 @@ mod host_tests {
             repetition_context: 2,
             ..SamplerSettings::default()
         };
-        assert_eq!(sample_host_with(&l, &s, 0, &[]), 0);
-        assert_eq!(sample_host_with(&l, &s, 0, &[3, 0]), 1, "2 / 1.5 < 1.5");
-        assert_eq!(
-            sample_host_with(&l, &s, 0, &[0, 3, 2]),
-            0,
-            "0 is outside the context of 2"
-        );
+        assert_eq!(sample_host(&l, &s, 0, &[]), 0);
+        assert_eq!(sample_host(&l, &s, 0, &[3, 0]), 1, "2 / 1.5 < 1.5");
+        assert_eq!(sample_host(&l, &s, 0, &[0, 3, 2]), 0, "0 is outside the context of 2");
         // A negative logit is multiplied (made less likely), never raised.
         let neg = [-0.1f32, -0.12];
-        assert_eq!(sample_host_with(&neg, &s, 0, &[0]), 1, "-0.15 < -0.12");
+        assert_eq!(sample_host(&neg, &s, 0, &[0]), 1, "-0.15 < -0.12");
     }
 }

@@ -357,28 +357,24 @@ pub fn tensors_with(
     Ok(b.out)
 }
 
-/// The preset as a model under a `--dtype` policy for the backend named `backend`.
-pub fn load_for(
-    p: &Preset,
-    seed: u64,
-    opts: SynthOptions,
-    policy: crate::DTypePolicy,
-    backend: &str,
-) -> Result<(crate::Transformer, crate::DTypePlan)> {
-    from_tensors_for(tensors_with(p, seed, opts, &mut |_, _| {})?, policy, backend)
-}
-
-/// A model from tensors [`tensors_with`] built, under a `--dtype` policy.
-pub fn from_tensors_for(
-    m: SynthModel,
-    policy: crate::DTypePolicy,
-    backend: &str,
-) -> Result<(crate::Transformer, crate::DTypePlan)> {
+/// The spec and a loader over tensors [`tensors_with`] built.
+fn spec_and_loader(m: SynthModel) -> Result<(crate::DecoderSpec, crate::layers::Loader)> {
     let spec = crate::spec_for(&m.config)?;
     let loader = crate::layers::Loader {
         checkpoint: crate::checkpoint::Checkpoint::from_tensors(m.tensors),
         quant: crate::quant::QuantConfig::from_modules(m.modules),
     };
+    Ok((spec, loader))
+}
+
+/// A model from tensors [`tensors_with`] built, under a `--dtype` policy for the backend
+/// named `backend`.
+pub fn from_tensors_for(
+    m: SynthModel,
+    policy: crate::DTypePolicy,
+    backend: &str,
+) -> Result<(crate::Transformer, crate::DTypePlan)> {
+    let (spec, loader) = spec_and_loader(m)?;
     crate::load_spec(spec, loader, policy, backend, &mut |_, _| {})
 }
 
@@ -389,11 +385,7 @@ pub fn load(p: &Preset, seed: u64) -> Result<crate::Transformer> {
 
 /// A model from tensors [`tensors`] built.
 pub fn from_tensors(m: SynthModel) -> Result<crate::Transformer> {
-    let spec = crate::spec_for(&m.config)?;
-    let loader = crate::layers::Loader {
-        checkpoint: crate::checkpoint::Checkpoint::from_tensors(m.tensors),
-        quant: crate::quant::QuantConfig::from_modules(m.modules),
-    };
+    let (spec, loader) = spec_and_loader(m)?;
     crate::Transformer::load(spec, &loader)
 }
 
