@@ -442,29 +442,32 @@ fn the_dtype_policy_comes_from_the_flag_then_the_env_then_mlxcel_toml() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `generate --json` of `n` tokens after the prompt ids `tokens`, on the CPU under `policy`.
+fn generate_json_on_cpu(model: &str, policy: &str, tokens: &str, n: &str, env: &[(&str, &str)]) -> Output {
+    let args = [
+        "-m",
+        model,
+        "--device",
+        "cpu",
+        "--dtype",
+        policy,
+        "generate",
+        "--prompt-tokens",
+        tokens,
+        "-n",
+        n,
+        "--json",
+    ];
+    mlxcel_env(&args, env)
+}
+
 #[test]
 fn trace_dtype_counts_astype_per_decode_step_and_f16_leaves_none() {
     // f32 norm weights in a model whose other tensors are bf16: under `native` the norms
     // promote (AsType in every step); under a single-dtype policy they were converted at load.
     let m = fixture("qwen3-q4g128-f32norms");
     let trace = |policy: &str| {
-        let o = mlxcel_env(
-            &[
-                "-m",
-                &m,
-                "--device",
-                "cpu",
-                "--dtype",
-                policy,
-                "generate",
-                "--prompt-tokens",
-                "1,2,3",
-                "-n",
-                "3",
-                "--json",
-            ],
-            &[("MLXCEL_TRACE_DTYPE", "1")],
-        );
+        let o = generate_json_on_cpu(&m, policy, "1,2,3", "3", &[("MLXCEL_TRACE_DTYPE", "1")]);
         let e = stderr(&o);
         let j = json_out(&o);
         let line = e
@@ -490,23 +493,7 @@ fn trace_dtype_counts_astype_per_decode_step_and_f16_leaves_none() {
         assert_eq!(n, 0, "{policy}: {e}");
     }
     // Untraced, the JSON still carries the counts, and nothing is printed per step.
-    let o = mlxcel_env(
-        &[
-            "-m",
-            &m,
-            "--device",
-            "cpu",
-            "--dtype",
-            "native",
-            "generate",
-            "--prompt-tokens",
-            "1,2",
-            "-n",
-            "2",
-            "--json",
-        ],
-        &[],
-    );
+    let o = generate_json_on_cpu(&m, "native", "1,2", "2", &[]);
     assert!(!stderr(&o).contains("mlxcel: trace:"), "{}", stderr(&o));
     assert_eq!(json_out(&o)["astype_per_step"].as_u64(), Some(native));
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{floats, ids, root, trusted_steps};
+use common::{dtype_tolerance, floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
 use mlxcel_models::DTypePolicy;
@@ -69,17 +69,6 @@ fn nll_matches_mlx_lm() {
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         eprintln!("{case}: max |nll - mlx-lm| = {worst:.2e}");
         assert!(worst <= tol, "{case}: max |nll - mlx-lm| = {worst} > {tol}");
-    }
-}
-
-/// Worst |NLL − mlx-lm's f32 NLL| allowed when activations are stored in `dtype`: the f32
-/// tolerance, or about what rounding every stored activation to a 2⁻¹¹ (f16) or 2⁻⁸ (bf16)
-/// relative step does to the NLL of these small random-weight models.
-fn dtype_tolerance(dtype: DType, tol: f64) -> f64 {
-    match dtype {
-        DType::F16 => tol.max(0.05),
-        DType::BF16 => tol.max(0.25),
-        _ => tol,
     }
 }
 

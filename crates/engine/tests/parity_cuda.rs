@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{floats, ids, root, trusted_steps};
+use common::{dtype_tolerance, floats, ids, root, trusted_steps};
 use mlxcel_core::DType;
 use mlxcel_engine::{Engine, GenerateOptions, SamplerSettings};
 use mlxcel_models::DTypePolicy;
@@ -39,10 +39,7 @@ fn cuda_matches_mlx_lm_on_the_parity_fixtures() {
         for policy in [DTypePolicy::Auto, DTypePolicy::BF16] {
             let backend = Box::new(mlxcel_cuda::CudaBackend::new().unwrap());
             let (model, plan) = mlxcel_models::load_for(&dir, policy, "cuda", &mut |_, _| {}).unwrap();
-            let limit = match plan.activation_dtype(&model) {
-                DType::F16 => f64::max(tol, 0.05),
-                _ => f64::max(tol, 0.25),
-            };
+            let limit = dtype_tolerance(plan.activation_dtype(&model), tol);
             let mut e = Engine::for_plan(model, backend, &plan, None).unwrap();
             let got = e.perplexity(&ids(&r["prompt_tokens"]), 512).unwrap();
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);

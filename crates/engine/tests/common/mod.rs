@@ -30,3 +30,14 @@ pub fn floats(v: &Value) -> Vec<f64> {
 pub fn trusted_steps(margins: &[f64], near_tie: f64) -> usize {
     margins.iter().position(|&m| m < near_tie).unwrap_or(margins.len())
 }
+
+/// Worst |NLL − mlx-lm's f32 NLL| allowed when activations are stored in `dtype`: the f32
+/// tolerance `tol`, or about what rounding every stored activation to a 2⁻¹¹ (f16) or 2⁻⁸
+/// (bf16) relative step does to the NLL of the small random-weight fixtures.
+pub fn dtype_tolerance(dtype: mlxcel_core::DType, tol: f64) -> f64 {
+    match dtype {
+        mlxcel_core::DType::F16 => tol.max(0.05),
+        mlxcel_core::DType::BF16 => tol.max(0.25),
+        _ => tol,
+    }
+}
