@@ -410,3 +410,188 @@ QGEMV_X(bf16, BF16)
 DGEMV_X(f32, F32)
 DGEMV_X(f16, F16)
 DGEMV_X(bf16, BF16)
+
+// ---- One row of x by 4-bit weights on the tensor cores (x in f16 or bf16) ----------------------
+// A warp computes 16 weight rows over chunks of 256 values of k with mma.m16n8k16 (f32
+// accumulation). Each nibble becomes the 16-bit float off + q with one LOP3: the nibble under
+// the exponent of `off` (1024 in f16, 128 in bf16), whose unit in the last place is 1, so the
+// value is exact and the offset comes back out through the sum of x. x is staged in shared
+// memory in its own dtype, each 8 values reordered (0,4,1,5,2,6,3,7) to match the nibble pairs
+// (e, e+4) one mask extracts, with the f32 sum of each run of 32. The B operand carries x in
+// column c only for the k slots of run c (the c-th 16-byte word of a weight row in the chunk;
+// lane (g, t) loads words t and t + 4 of rows g and g + 8), so column c of the product is run
+// c's dot product alone and each run keeps its own scale and bias whatever the group size.
+// Warps of a block split k; the block sums them and writes its 16 outputs.
+
+template <class X> struct TensorCore;
+template <> struct TensorCore<F16> {
+  static constexpr unsigned MAGIC = 0x64006400u;
+  static constexpr float OFF = 1024.0f;
+  static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct TensorCore<BF16> {
+  static constexpr unsigned MAGIC = 0x43004300u;
+  static constexpr float OFF = 128.0f;
+  static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Most warps a tensor-core GEMV block has (its partial sums live in static shared memory).
+#define TC_WARPS 16
+
+// NM weights of one shape (1: a product; 2: gate and up of a GLU) applied to x [k]: lane
+// (g, t) of each warp ends with the dot products of rows row0 + g and row0 + g + 8; the block's
+// warps are summed and thread i < 16 returns row row0 + i's in out[m].
+template <class X, int NM>
+__device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w, const void* const* s,
+                                        const void* const* z, int sdt, i64 row0, i64 n, i64 k, int group,
+                                        float* out) {
+  typedef TensorCore<X> TC;
+  extern __shared__ float4 staged[];
+  uint4* xs = (uint4*)staged;                 // k / 8 words of 8 reordered values
+  float* xsum = (float*)(staged + k / 8);     // k / 32 run sums
+  for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const uint4 v = ((const uint4*)x)[4 * r + q];
+      xs[4 * r + q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+      float f[8];
+      unpack8<X>(v, f);
+#pragma unroll
+      for (int e = 0; e < 8; e++) sum += f[e];
+    }
+    xsum[r] = sum;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
+  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
+  const i64 wrow = k / 8, groups = k / group, chunks = k / 256;
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
+  for (i64 c = warp; c < chunks; c += warps) {
+    uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
+      const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
+      q[m][0][0] = __ldcs(pa + t);
+      q[m][0][1] = __ldcs(pa + t + 4);
+      q[m][1][0] = __ldcs(pb + t);
+      q[m][1][1] = __ldcs(pb + t + 4);
+    }
+    // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b.
+    const i64 run = c * 8 + 2 * t;
+    const i64 g0 = run * 32 / group, g1 = (run + 1) * 32 / group;
+    float sc[NM][4], bi[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      sc[m][0] = ldf(s[m], sdt, ra * groups + g0);
+      sc[m][1] = ldf(s[m], sdt, ra * groups + g1);
+      sc[m][2] = ldf(s[m], sdt, rb * groups + g0);
+      sc[m][3] = ldf(s[m], sdt, rb * groups + g1);
+      bi[m][0] = ldf(z[m], sdt, ra * groups + g0);
+      bi[m][1] = ldf(z[m], sdt, ra * groups + g1);
+      bi[m][2] = ldf(z[m], sdt, rb * groups + g0);
+      bi[m][3] = ldf(z[m], sdt, rb * groups + g1);
+    }
+    const float s0 = xsum[run], s1 = xsum[run + 1];
+    float cc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+          const unsigned* qa = (const unsigned*)&q[m][0][u];
+          const unsigned* qb = (const unsigned*)&q[m][1][u];
+          const unsigned wa = qa[j], wb = qb[j];
+          unsigned a[4];
+          a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
+          a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
+          a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
+          a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
+          TC::mma(cc[m], a, xb.x, xb.y);
+          a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
+          a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
+          a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
+          a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
+          TC::mma(cc[m], a, xb.z, xb.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
+      acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
+      acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
+      acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
+    }
+  }
+  __shared__ float wpart[TC_WARPS][NM][16];
+#pragma unroll
+  for (int m = 0; m < NM; m++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float v = acc[m][h];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) wpart[warp][m][g + 8 * h] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      float v = 0.0f;
+      for (int i = 0; i < warps; i++) v += wpart[i][m][threadIdx.x];
+      out[m] = v;
+    }
+  }
+}
+
+// The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
+// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes).
+#define TC_QGEMV(XN, X)                                                                                           \
+  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,             \
+                                               const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
+                                               int group) {                                                       \
+    const unsigned* ws[1] = {w};                                                                                  \
+    const void* ss[1] = {s};                                                                                      \
+    const void* zs[1] = {z};                                                                                      \
+    float out[1];                                                                                            \
+    const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
+    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
+  }                                                                                                               \
+  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,            \
+                                              const void* zg, const unsigned* wu, const void* su, const void* zu, \
+                                              int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,      \
+                                              int group) {                                                        \
+    const unsigned* ws[2] = {wg, wu};                                                                             \
+    const void* ss[2] = {sg, su};                                                                                 \
+    const void* zs[2] = {zg, zu};                                                                                 \
+    float out[2];                                                                                            \
+    const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
+    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                               \
+      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                     \
+  }
+TC_QGEMV(f16, F16)
+TC_QGEMV(bf16, BF16)

@@ -53,6 +53,28 @@ impl CudaBackend {
         }
     }
 
+    /// Compiles the kernels for `arch` here and stores them in `dir` under the name a GPU with
+    /// driver version `driver` (e.g. 13000) looks for, so that machine skips the compile (a
+    /// development aid for GPU machines that start cold: `MLXCEL_CACHE_DIR` points there).
+    pub fn precompile_kernels(arch: &'static str, driver: i32, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        #[cfg(feature = "cuda")]
+        {
+            let ptx = device::compile_ptx(arch)?;
+            let path = dir.join(device::cache_name(arch, driver));
+            std::fs::create_dir_all(dir)
+                .and_then(|_| std::fs::write(&path, ptx))
+                .map_err(|e| mlxcel_core::Error::Backend(format!("{}: {e}", path.display())))?;
+            Ok(path)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (arch, driver, dir);
+            Err(Error::Backend(
+                "mlxcel was not compiled with CUDA support (build with --features cuda)".into(),
+            ))
+        }
+    }
+
     /// Compiles every kernel to PTX for `arch` (e.g. `sm_90`) without a GPU: what CI checks.
     pub fn compile_kernels(arch: &'static str) -> Result<usize> {
         #[cfg(feature = "cuda")]

@@ -22,6 +22,18 @@ fn every_kernel_compiles_to_ptx_for_hopper() {
     }
 }
 
+/// Writes the kernels' PTX for sm_90 into `$MLXCEL_CACHE_DIR` under driver version
+/// `$MLXCEL_PTX_DRIVER` (default 13000), for a GPU machine that would otherwise compile them
+/// itself on every cold start. A development aid: run with `--ignored`.
+#[test]
+#[ignore]
+fn write_kernel_cache() {
+    let dir = std::env::var_os("MLXCEL_CACHE_DIR").expect("MLXCEL_CACHE_DIR");
+    let driver = std::env::var("MLXCEL_PTX_DRIVER").map_or(13000, |v| v.parse().expect("a driver version"));
+    let path = CudaBackend::precompile_kernels("sm_90", driver, std::path::Path::new(&dir)).unwrap();
+    println!("wrote {}", path.display());
+}
+
 #[test]
 fn op_cases_match_the_cpu_backend() {
     let cuda = match CudaBackend::new() {

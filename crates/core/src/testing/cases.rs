@@ -695,6 +695,17 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], accumulation(256)));
         }
     }
+    // Decode-shaped products: one row of x, k a multiple of 256 (what CUDA's tensor-core GEMV
+    // takes), n not always a multiple of its 16-row tiles.
+    for &dt in &[F16, BF16] {
+        for (group, k, n) in [(32usize, 256usize, 37usize), (64, 768, 20), (128, 512, 16)] {
+            let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g{group}/decode/1x{k}/n{n}"));
+            let x = c.input("x", dt, &[1, 1, k], 1.0)?;
+            let [w, s, b] = c.quantized("proj", &[n], k, (4, group), dt)?;
+            let y = c.b.quantized_matmul(x, w, s, b, 4, group)?;
+            cases.push(c.finish(&[y], accumulation(k)));
+        }
+    }
     // MoE: 4 experts of [31, 64], two per token; x shared by both (X = 1) or one row each.
     for &dt in &FLOATS {
         for (bits, group, x_rows) in [(4u32, 32usize, 1usize), (8, 64, 2), (2, 32, 2)] {

@@ -161,6 +161,50 @@ pub(crate) fn gemv_kernel(
     })
 }
 
+/// The tensor-core GEMV (gemv.cu, `tc_{family}_{x}_4`) for one row of f16 or bf16 x by 4-bit
+/// weights, when it applies: k a multiple of 256 (its chunk), x staged whole in shared memory.
+/// A block computes 16 weight rows, its warps splitting k: as many warps (a power of two up to
+/// 16 that divides the chunks) as keep about 32 warps on each SM. `MLXCEL_GEMV_TC=0` turns it
+/// off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
+pub(crate) fn tc_gemv_kernel(
+    family: &str,
+    x: mlxcel_core::DType,
+    bits: u32,
+    rows: usize,
+    n: usize,
+    k: usize,
+) -> Option<GemvLaunch> {
+    use mlxcel_core::DType;
+    let tune = gemv_tuning();
+    if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(256)
+    {
+        return None;
+    }
+    let smem = 2 * k + k / 8;
+    if smem > MAX_STAGED_BYTES {
+        return None;
+    }
+    let chunks = k / 256;
+    let tiles = n.div_ceil(16);
+    let warps = tune.tc_warps.unwrap_or_else(|| {
+        let want = (132 * 32usize).div_ceil(tiles).clamp(1, 16);
+        (0..=4)
+            .rev()
+            .map(|p| 1usize << p)
+            .find(|&w| w <= want && chunks.is_multiple_of(w))
+            .unwrap_or(1)
+    });
+    Some(GemvLaunch {
+        name: intern(format!(
+            "tc_{family}_{}_4",
+            if x == DType::F16 { "f16" } else { "bf16" }
+        )),
+        grid: tiles as u32,
+        block: 32 * warps.clamp(1, 16) as u32,
+        smem: smem.next_multiple_of(16) as u32,
+    })
+}
+
 /// The tuning variable `var` as a number, if set and one.
 fn env_usize(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
@@ -182,6 +226,8 @@ const MAX_STAGED_BYTES: usize = 160 << 10;
 struct GemvTuning {
     smem: bool,
     warps: usize,
+    tensor_cores: bool,
+    tc_warps: Option<usize>,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -195,6 +241,8 @@ fn gemv_tuning() -> &'static GemvTuning {
         warps: env_usize("MLXCEL_GEMV_WARPS")
             .filter(|w| matches!(w, 4 | 8 | 16))
             .unwrap_or(8),
+        tensor_cores: std::env::var("MLXCEL_GEMV_TC").map_or(true, |v| v != "0"),
+        tc_warps: env_usize("MLXCEL_TC_WARPS").filter(|w| (1..=16).contains(w)),
     })
 }
 
@@ -442,7 +490,10 @@ pub fn node(
                 I32(*group_size as i32),
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                let l = gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?;
+                let l = match tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k) {
+                    Some(l) => l,
+                    None => gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?,
+                };
                 let args = [
                     Ptr(ptr(0)),
                     I32(m as i32),
@@ -839,7 +890,10 @@ pub(crate) fn fused(
             let xdt = graph.node(*x).dtype;
             match ng.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let l = gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?;
+                    let l = match tc_gemv_kernel("qglu", xdt, bits, rows, n, k) {
+                        Some(l) => l,
+                        None => gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?,
+                    };
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for j in [*g, *u] {
                         args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);

@@ -36,6 +36,14 @@ pub fn compile_ptx(arch: &'static str) -> Result<String> {
     Ok(ptx.to_src())
 }
 
+/// The cache file name of the kernels' PTX for `arch` under driver version `driver`.
+pub fn cache_name(arch: &str, driver: i32) -> String {
+    format!(
+        "ptx-{arch}-{driver}-{:016x}.ptx",
+        fnv1a(crate::kernel_source().as_bytes())
+    )
+}
+
 /// The kernels' PTX for `arch`, from the disk cache when the same source was compiled for the
 /// same arch under the same driver before (`MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`,
 /// else `~/.cache/mlxcel`); compiled with NVRTC and stored otherwise. A cache that cannot be
@@ -44,8 +52,7 @@ fn cached_ptx(arch: &'static str) -> Result<String> {
     let mut driver = 0;
     // SAFETY: writes one int; the driver library was probed before.
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-    let source = crate::kernel_source();
-    let key = format!("ptx-{arch}-{driver}-{:016x}.ptx", fnv1a(source.as_bytes()));
+    let key = cache_name(arch, driver);
     let dir = std::env::var_os("MLXCEL_CACHE_DIR")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| std::path::PathBuf::from(d).join("mlxcel")))
