@@ -450,21 +450,40 @@ template <> struct TensorCore<BF16> {
 
 // NM weights of one shape (1: a product; 2: gate and up of a GLU) applied to x [k]: lane
 // (g, t) of each warp ends with the dot products of rows row0 + g and row0 + g + 8; the block's
-// warps are summed and thread i < 16 returns row row0 + i's in out[m].
-template <class X, int NM>
+// warps are summed and thread i < 16 returns row row0 + i's in out[m]. A warp's first chunk of
+// weights is requested before x is staged; with PF, the warp's next chunk is requested before the current one is computed.
+template <class X, int NM, bool PF>
 __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w, const void* const* s,
                                         const void* const* z, int sdt, i64 row0, i64 n, i64 k, int group,
                                         float* out) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
-  uint4* xs = (uint4*)staged;                 // k / 8 words of 8 reordered values
-  float* xsum = (float*)(staged + k / 8);     // k / 32 run sums
+  uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
+  float* xsum = (float*)(staged + k / 8);  // k / 32 run sums
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
+  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
+  const i64 wrow = k / 8, groups = k / group, chunks = k / 256;
+  uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
+  auto fetch = [&](uint4 (*dst)[2][2], i64 c) {
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
+      const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
+      dst[m][0][0] = __ldcs(pa + t);
+      dst[m][0][1] = __ldcs(pa + t + 4);
+      dst[m][1][0] = __ldcs(pb + t);
+      dst[m][1][1] = __ldcs(pb + t + 4);
+    }
+  };
+  if (warp < chunks) fetch(q, warp);
   for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const uint4 v = ((const uint4*)x)[4 * r + q];
-      xs[4 * r + q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+    for (int i = 0; i < 4; i++) {
+      const uint4 v = ((const uint4*)x)[4 * r + i];
+      xs[4 * r + i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
                                  __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
       float f[8];
       unpack8<X>(v, f);
@@ -474,25 +493,13 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     xsum[r] = sum;
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
-  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
-  const i64 wrow = k / 8, groups = k / group, chunks = k / 256;
   float acc[NM][2];
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   for (i64 c = warp; c < chunks; c += warps) {
-    uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
-      const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
-      q[m][0][0] = __ldcs(pa + t);
-      q[m][0][1] = __ldcs(pa + t + 4);
-      q[m][1][0] = __ldcs(pb + t);
-      q[m][1][1] = __ldcs(pb + t + 4);
-    }
+    uint4 next[NM][2][2];
+    const bool more = c + warps < chunks;
+    if (PF && more) fetch(next, c + warps);
     // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b.
     const i64 run = c * 8 + 2 * t;
     const i64 g0 = run * 32 / group, g1 = (run + 1) * 32 / group;
@@ -543,6 +550,16 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
       acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
       acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
     }
+    if (!PF && more) fetch(q, c + warps);
+    if (PF && more) {
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        q[m][0][0] = next[m][0][0];
+        q[m][0][1] = next[m][0][1];
+        q[m][1][0] = next[m][1][0];
+        q[m][1][1] = next[m][1][1];
+      }
+    }
   }
   __shared__ float wpart[TC_WARPS][NM][16];
 #pragma unroll
@@ -566,10 +583,33 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
   }
 }
 
+// Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
+// 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes.
+#define TC_QGEMV3(XN, X, PF, SUF)                                                                                 \
+  extern "C" __global__ void tc_qgemv3_##XN##_4##SUF(                                                                 \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,    \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,       \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group) {                                                     \
+    i64 row0 = (i64)blockIdx.x * 16;                                                                              \
+    const unsigned* w = w0;                                                                                       \
+    const void *s = s0, *z = z0;                                                                                  \
+    void* y = y0;                                                                                                 \
+    i64 n = n0;                                                                                                   \
+    if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                              \
+    else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                   \
+    float out[1];                                                                                                 \
+    tc_qdot<X, 1, PF>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                    \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                      \
+  }
+TC_QGEMV3(f16, F16, false, )
+TC_QGEMV3(bf16, BF16, false, )
+TC_QGEMV3(f16, F16, true, _pf)
+TC_QGEMV3(bf16, BF16, true, _pf)
+
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes).
-#define TC_QGEMV(XN, X)                                                                                           \
-  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,             \
+#define TC_QGEMV(XN, X, PF, SUF)                                                                                  \
+  extern "C" __global__ void tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,             \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
                                                int group) {                                                       \
     const unsigned* ws[1] = {w};                                                                                  \
@@ -577,10 +617,10 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     const void* zs[1] = {z};                                                                                      \
     float out[1];                                                                                            \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    tc_qdot<X, 1, PF>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
   }                                                                                                               \
-  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,            \
+  extern "C" __global__ void tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,            \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu, \
                                               int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,      \
                                               int group) {                                                        \
@@ -589,9 +629,11 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     const void* zs[2] = {zg, zu};                                                                                 \
     float out[2];                                                                                            \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    tc_qdot<X, 2, PF>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                               \
       stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                     \
   }
-TC_QGEMV(f16, F16)
-TC_QGEMV(bf16, BF16)
+TC_QGEMV(f16, F16, false, )
+TC_QGEMV(bf16, BF16, false, )
+TC_QGEMV(f16, F16, true, _pf)
+TC_QGEMV(bf16, BF16, true, _pf)

@@ -133,6 +133,36 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             }
         }
     }
+    // Attention's q, k and v: three 4-bit products of one x, launched as one (widths of two
+    // sizes, k past one chunk, group 32); the first also read early in the second variant,
+    // which keeps it apart.
+    for act in [DType::F16, DType::BF16] {
+        for early in [false, true] {
+            let k = 512;
+            let mut b = GraphBuilder::default();
+            let x = b.input("x", act, &[1, 1, k]);
+            let mut outs = Vec::new();
+            for (seed, n) in [(11u64, 64usize), (12, 32), (13, 32)] {
+                let q = mlxcel_core::quant::quantize(&noise(seed, n * k), n, k, 4, 32);
+                let packed = b.parameter("q", HostTensor::from_slice(&[n, k / 8], &q.packed).unwrap());
+                let sc = b.parameter("s", HostTensor::from_f32(act, &[n, k / 32], &q.scales).unwrap());
+                let bi = b.parameter("z", HostTensor::from_f32(act, &[n, k / 32], &q.biases).unwrap());
+                let mut y = b.quantized_matmul(x, packed, sc, bi, 4, 32).unwrap();
+                if early && outs.is_empty() {
+                    y = b.silu(y).unwrap();
+                }
+                outs.push(y);
+            }
+            let graph = b.finish(&outs);
+            cases.push(OpCase {
+                name: format!("fused q/k/v products {act} early read {early}"),
+                graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+                inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(5, k)).unwrap()],
+                states: vec![],
+                tolerance: vec![Tolerance::for_dtype(act).scaled(4.0); 3],
+            });
+        }
+    }
     let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -147,13 +177,15 @@ fn gemv_throughput() {
     use mlxcel_core::{Backend, CompileOptions, DType, GraphBuilder, HostTensor};
     use std::time::Instant;
     let cuda = CudaBackend::new().expect("a GPU");
-    let build = |n: usize, k: usize, glu: bool, layers: usize| {
-        let mut rng = mlxcel_core::rng::SplitMix64(n as u64 * 31 + k as u64);
+    // Each layer: products of widths `ns` over its own x (so layers stay separate launches
+    // while a layer's products may share one), or a GLU of two of width ns[0].
+    let build = |ns: &[usize], k: usize, glu: bool, layers: usize| {
+        let mut rng = mlxcel_core::rng::SplitMix64(ns[0] as u64 * 31 + k as u64);
         let mut b = GraphBuilder::default();
-        let x = b.input("x", DType::F16, &[1, 1, k]);
         let mut outs = Vec::new();
-        for _ in 0..layers {
-            let mut proj = |b: &mut GraphBuilder| {
+        for l in 0..layers {
+            let x = b.input(&format!("x{l}"), DType::F16, &[1, 1, k]);
+            let mut proj = |b: &mut GraphBuilder, n: usize| {
                 let packed: Vec<u32> = (0..n * k / 8).map(|_| rng.next_u64() as u32).collect();
                 let scales = rng.signed_vec(n * k / 64, 0.01);
                 let biases = rng.signed_vec(n * k / 64, 0.01);
@@ -162,46 +194,50 @@ fn gemv_throughput() {
                 let z = b.parameter("z", HostTensor::from_f32(DType::F16, &[n, k / 64], &biases).unwrap());
                 b.quantized_matmul(x, q, s, z, 4, 64).unwrap()
             };
-            let y = if glu {
-                let g = proj(&mut b);
+            if glu {
+                let g = proj(&mut b, ns[0]);
                 let g = b.silu(g).unwrap();
-                let u = proj(&mut b);
-                b.mul(g, u).unwrap()
+                let u = proj(&mut b, ns[0]);
+                outs.push(b.mul(g, u).unwrap());
             } else {
-                proj(&mut b)
-            };
-            outs.push(y);
+                for &n in ns {
+                    outs.push(proj(&mut b, n));
+                }
+            }
         }
         b.finish(&outs)
     };
-    let time = |n: usize, k: usize, glu: bool, layers: usize| {
-        let graph = build(n, k, glu, layers);
+    let time = |ns: &[usize], k: usize, glu: bool, layers: usize| {
+        let graph = build(ns, k, glu, layers);
         let mut s = cuda.new_session().unwrap();
         let id = s.load(&graph, CompileOptions::default()).unwrap();
         let x = HostTensor::from_f32(DType::F16, &[1, 1, k], &noise(5, k)).unwrap();
+        let xs = vec![x; layers];
         for _ in 0..3 {
-            s.run(id, std::slice::from_ref(&x)).unwrap();
+            s.run(id, &xs).unwrap();
         }
         let runs = 20;
         let t = Instant::now();
         for _ in 0..runs {
-            s.run(id, std::slice::from_ref(&x)).unwrap();
+            s.run(id, &xs).unwrap();
         }
         t.elapsed().as_secs_f64() / runs as f64
     };
     let r = std::env::var("MLXCEL_GEMV_R").unwrap_or_else(|_| "auto".into());
     println!("| shape (n x k) | kernel | R | µs/kernel | GB/s |");
     println!("|---|---|---|---|---|");
-    for (n, k, glu, name) in [
-        (4096, 4096, false, "q/o proj"),
-        (1024, 4096, false, "k/v proj"),
-        (14336, 4096, true, "gate+up (fused GLU)"),
-        (4096, 14336, false, "down proj"),
-        (128256, 4096, false, "lm head"),
+    for (ns, k, glu, name) in [
+        (&[4096][..], 4096, false, "q/o proj"),
+        (&[1024], 4096, false, "k/v proj"),
+        (&[4096, 1024, 1024], 4096, false, "q+k+v (one launch)"),
+        (&[14336], 4096, true, "gate+up (fused GLU)"),
+        (&[4096], 14336, false, "down proj"),
+        (&[128256], 4096, false, "lm head"),
     ] {
-        let bytes = (if glu { 2 } else { 1 }) * (n * k / 2 + 2 * 2 * n * k / 64);
+        let n: usize = ns.iter().sum::<usize>() * if glu { 2 } else { 1 };
+        let bytes = n * k / 2 + 2 * 2 * n * k / 64;
         let layers = (256usize << 20).div_ceil(bytes).clamp(2, 64);
-        let per = (time(n, k, glu, 2 * layers) - time(n, k, glu, layers)) / layers as f64;
+        let per = (time(ns, k, glu, 2 * layers) - time(ns, k, glu, layers)) / layers as f64;
         println!(
             "| {n} x {k} | {name} | {r} | {:.1} | {:.0} |",
             per * 1e6,

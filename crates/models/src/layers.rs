@@ -123,12 +123,25 @@ fn matmul(b: &mut GraphBuilder, name: &str, weight: &Weight, x: NodeId) -> Resul
 
 impl Linear {
     pub fn forward(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
-        let mut y = matmul(b, &self.name, &self.weight, x)?;
-        if let Some(bias) = &self.bias {
-            let bias = b.parameter(&format!("{}.bias", self.name), bias.clone());
-            y = b.add(y, bias)?;
+        let y = self.product(b, x)?;
+        self.add_bias(b, y)
+    }
+
+    /// `x · Wᵀ` without the bias: [`Linear::forward`] in two steps, for callers that put
+    /// several products of one x next to each other in the graph (a backend may fuse them).
+    pub fn product(&self, b: &mut GraphBuilder, x: NodeId) -> Result<NodeId> {
+        matmul(b, &self.name, &self.weight, x)
+    }
+
+    /// `y + bias`, or `y` for a layer without one.
+    pub fn add_bias(&self, b: &mut GraphBuilder, y: NodeId) -> Result<NodeId> {
+        match &self.bias {
+            Some(bias) => {
+                let bias = b.parameter(&format!("{}.bias", self.name), bias.clone());
+                Ok(b.add(y, bias)?)
+            }
+            None => Ok(y),
         }
-        Ok(y)
     }
 }
 

@@ -313,9 +313,12 @@ impl Attention {
         positions: NodeId,
     ) -> Result<[NodeId; 3]> {
         let (batch, t, hd) = (b.shape(x)[0], b.shape(x)[1], spec.head_dim);
-        // [B, T, H·hd] → [B, T, H, hd] (→ per-head norm) → [B, H, T, hd]
-        let heads = |b: &mut GraphBuilder, proj: &Linear, n: usize, norm: &Option<RmsNorm>| -> Result<NodeId> {
-            let y = proj.forward(b, x)?;
+        // The three products first, side by side (a backend may run them as one), then per
+        // projection: bias, [B, T, H·hd] → [B, T, H, hd] (→ per-head norm) → [B, H, T, hd].
+        let products = [self.q.product(b, x)?, self.k.product(b, x)?, self.v.product(b, x)?];
+        let mut products = products.into_iter();
+        let mut heads = |b: &mut GraphBuilder, proj: &Linear, n: usize, norm: &Option<RmsNorm>| -> Result<NodeId> {
+            let y = proj.add_bias(b, products.next().expect("three products"))?;
             let mut y = b.reshape(y, &[batch, t, n, hd])?;
             if let Some(norm) = norm {
                 y = norm.forward(b, y)?;

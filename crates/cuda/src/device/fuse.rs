@@ -4,7 +4,9 @@
 //! the plain graph stores it in, so results match the unfused kernels.
 //!
 //! - `silu(x·Gᵀ) · (x·Uᵀ)` (the gated MLP's gate, up, SiLU and product): one GEMV reading x once;
-//! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both.
+//! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
+//! - up to three one-row 4-bit products of the same x (attention's q, k and v): one tensor-core
+//!   GEMV launch over all their rows, so the narrow k and v products share the GPU with q.
 //!
 //! A fused kernel runs at the position of the pattern's last node (the anchor) and reads the
 //! pattern's outer inputs there, so the planner must keep those alive until the anchor: the
@@ -20,6 +22,9 @@ pub enum Fused {
     Glu { x: NodeId, g: usize, u: usize, silu: usize },
     /// Anchor = the norm; `add` is the residual sum it normalizes (also written).
     AddRmsNorm { add: usize },
+    /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
+    /// written by the anchor's launch (nothing reads them before it).
+    Products { before: Vec<usize> },
 }
 
 pub struct Fusion {
@@ -37,7 +42,8 @@ impl Fusion {
         }
     }
 
-    /// Finds the patterns; `MLXCEL_CUDA_FUSE=0` turns fusion off.
+    /// Finds the patterns; `MLXCEL_CUDA_FUSE=0` turns fusion off, `MLXCEL_CUDA_FUSE_PRODUCTS=0`
+    /// only the shared-x products.
     pub fn find(graph: &Graph) -> Fusion {
         let n = graph.nodes.len();
         let mut f = Fusion::none(n);
@@ -102,6 +108,9 @@ impl Fusion {
                 _ => {}
             }
         }
+        if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
+            find_products(graph, &consumers, &mut f);
+        }
         f
     }
 
@@ -114,10 +123,70 @@ impl Fusion {
                 None => continue,
                 Some(Fused::Glu { x, .. }) => vec![*x],
                 Some(Fused::AddRmsNorm { add }) => graph.nodes[*add].inputs.clone(),
+                // x is the anchor's own input; the weights are parameters.
+                Some(Fused::Products { .. }) => continue,
             };
             g.nodes[i].inputs.extend(extra);
         }
         g
+    }
+}
+
+/// Groups one-row products of the same x that the tensor-core GEMV takes (same k, group, scale
+/// and output dtypes; rows a multiple of its 16-row tile) into launches of up to three: the
+/// anchor is the group's last product, and an earlier one joins only if nothing reads it before
+/// the anchor.
+fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    use std::collections::HashMap;
+    let eligible = |i: usize| -> bool {
+        let node = &graph.nodes[i];
+        let Op::QuantizedMatMul { bits, group_size } = node.op else {
+            return false;
+        };
+        let x = graph.node(node.inputs[0]);
+        let k = *x.shape.last().unwrap_or(&0);
+        let n = *node.shape.last().unwrap_or(&0);
+        let rows = x.shape.iter().product::<usize>() / k.max(1);
+        !f.absorbed[i]
+            && f.anchored[i].is_none()
+            && group_size % 32 == 0
+            && k.is_multiple_of(group_size)
+            && n.is_multiple_of(16)
+            && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
+            && super::launch::tc_gemv_kernel("qgemv", x.dtype, bits, rows, n, k).is_some()
+    };
+    let key = |i: usize| {
+        let node = &graph.nodes[i];
+        let k = *graph.node(node.inputs[0]).shape.last().unwrap_or(&0);
+        (
+            node.inputs[0],
+            node.dtype,
+            graph.node(node.inputs[2]).dtype,
+            format!("{:?}", node.op),
+            k,
+        )
+    };
+    let mut by_x: HashMap<_, Vec<usize>> = HashMap::new();
+    for i in (0..graph.nodes.len()).filter(|&i| eligible(i)) {
+        by_x.entry(key(i)).or_default().push(i);
+    }
+    for mut list in by_x.into_values() {
+        while let Some(anchor) = list.pop() {
+            let mut before = Vec::new();
+            while before.len() < 2 {
+                let Some(pos) = list.iter().rposition(|&p| consumers[p].iter().all(|&c| c > anchor)) else {
+                    break;
+                };
+                before.insert(0, list.remove(pos));
+            }
+            if before.is_empty() {
+                continue;
+            }
+            for &p in &before {
+                f.absorbed[p] = true;
+            }
+            f.anchored[anchor] = Some(Fused::Products { before });
+        }
     }
 }
 
@@ -158,5 +227,73 @@ fn glu_pair(graph: &Graph, g: usize, u: usize) -> bool {
             same(1, 1) && w.shape.len() == 2 && k.is_multiple_of(8) && matches!(w.dtype, DType::F16 | DType::BF16)
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlxcel_core::{GraphBuilder, HostTensor};
+
+    /// q, k, v-like products of one f16 x: `consume_first` reads the first before the others run.
+    fn three_products(consume_first: bool) -> Graph {
+        let k = 256;
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[1, 1, k]);
+        let mut outs = Vec::new();
+        for (i, n) in [64usize, 32, 32].into_iter().enumerate() {
+            let q = b.parameter(
+                "q",
+                HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
+            );
+            let s = b.parameter(
+                "s",
+                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
+            );
+            let z = b.parameter(
+                "z",
+                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![0.0; n * k / 64]).unwrap(),
+            );
+            let mut y = b.quantized_matmul(x, q, s, z, 4, 64).unwrap();
+            if i == 0 && consume_first {
+                y = b.silu(y).unwrap();
+            }
+            outs.push(y);
+        }
+        let outs: Vec<NodeId> = outs.into_iter().map(|y| b.silu(y).unwrap()).collect();
+        b.finish(&outs)
+    }
+
+    fn products(graph: &Graph) -> Vec<usize> {
+        (0..graph.nodes.len())
+            .filter(|&i| matches!(graph.nodes[i].op, Op::QuantizedMatMul { .. }))
+            .collect()
+    }
+
+    #[test]
+    fn products_of_one_x_share_a_launch() {
+        let graph = three_products(false);
+        let p = products(&graph);
+        let f = Fusion::find(&graph);
+        match &f.anchored[p[2]] {
+            Some(Fused::Products { before }) => assert_eq!(before, &p[..2]),
+            other => panic!("expected fused products at the last one, got {other:?}"),
+        }
+        assert!(f.absorbed[p[0]] && f.absorbed[p[1]] && !f.absorbed[p[2]]);
+    }
+
+    #[test]
+    fn a_product_read_before_the_anchor_stays_apart() {
+        let graph = three_products(true);
+        let p = products(&graph);
+        let f = Fusion::find(&graph);
+        assert!(
+            !f.absorbed[p[0]] && f.anchored[p[0]].is_none(),
+            "the first product is read early"
+        );
+        match &f.anchored[p[2]] {
+            Some(Fused::Products { before }) => assert_eq!(before, &p[1..2]),
+            other => panic!("expected k and v fused, got {other:?}"),
+        }
     }
 }

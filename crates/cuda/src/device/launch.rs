@@ -164,8 +164,9 @@ pub(crate) fn gemv_kernel(
 /// The tensor-core GEMV (gemv.cu, `tc_{family}_{x}_4`) for one row of f16 or bf16 x by 4-bit
 /// weights, when it applies: k a multiple of 256 (its chunk), x staged whole in shared memory.
 /// A block computes 16 weight rows, its warps splitting k: as many warps (a power of two up to
-/// 16 that divides the chunks) as keep about 32 warps on each SM. `MLXCEL_GEMV_TC=0` turns it
-/// off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
+/// 16, at least 2, at most the chunks) as keep about 32 warps on each SM. `MLXCEL_GEMV_TC=0` turns it
+/// off, `MLXCEL_TC_WARPS=N` fixes the warps and `MLXCEL_TC_PREFETCH=1` has each warp request
+/// its next chunk before computing the current one (for kernel tuning).
 pub(crate) fn tc_gemv_kernel(
     family: &str,
     x: mlxcel_core::DType,
@@ -187,17 +188,14 @@ pub(crate) fn tc_gemv_kernel(
     let chunks = k / 256;
     let tiles = n.div_ceil(16);
     let warps = tune.tc_warps.unwrap_or_else(|| {
-        let want = (132 * 32usize).div_ceil(tiles).clamp(1, 16);
-        (0..=4)
-            .rev()
-            .map(|p| 1usize << p)
-            .find(|&w| w <= want && chunks.is_multiple_of(w))
-            .unwrap_or(1)
+        let want = (132 * 32usize).div_ceil(tiles).clamp(2, 16).min(chunks);
+        (0..=4).rev().map(|p| 1usize << p).find(|&w| w <= want).unwrap_or(1)
     });
     Some(GemvLaunch {
         name: intern(format!(
-            "tc_{family}_{}_4",
-            if x == DType::F16 { "f16" } else { "bf16" }
+            "tc_{family}_{}_4{}",
+            if x == DType::F16 { "f16" } else { "bf16" },
+            if tune.tc_prefetch { "_pf" } else { "" }
         )),
         grid: tiles as u32,
         block: 32 * warps.clamp(1, 16) as u32,
@@ -228,6 +226,7 @@ struct GemvTuning {
     warps: usize,
     tensor_cores: bool,
     tc_warps: Option<usize>,
+    tc_prefetch: bool,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -243,6 +242,7 @@ fn gemv_tuning() -> &'static GemvTuning {
             .unwrap_or(8),
         tensor_cores: std::env::var("MLXCEL_GEMV_TC").map_or(true, |v| v != "0"),
         tc_warps: env_usize("MLXCEL_TC_WARPS").filter(|w| (1..=16).contains(w)),
+        tc_prefetch: std::env::var("MLXCEL_TC_PREFETCH").is_ok_and(|v| v == "1"),
     })
 }
 
@@ -943,6 +943,38 @@ pub(crate) fn fused(
             // A block of up to 1024 threads a row keeps the row in registers (nn.cu).
             let block = d.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32;
             gpu.launch("add_rms_norm", (n / d.max(1)) as u32, block, 0, &args)
+        }
+        Fused::Products { before } => {
+            let Op::QuantizedMatMul { bits, group_size } = node.op else {
+                unreachable!("Products anchors on a quantized product")
+            };
+            let x = graph.node(node.inputs[0]);
+            let k = *x.shape.last().unwrap();
+            let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
+            let total: usize = parts.iter().map(|&p| *graph.nodes[p].shape.last().unwrap()).sum();
+            let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
+                .ok_or_else(|| mlxcel_core::Error::Backend("fused products: no tensor-core GEMV for them".into()))?;
+            let mut args = vec![Ptr(at(node.inputs[0].index()))];
+            for slot in 0..3 {
+                match parts.get(slot) {
+                    Some(&p) => args.extend([
+                        Ptr(at(input(p, 1))),
+                        Ptr(at(input(p, 2))),
+                        Ptr(at(input(p, 3))),
+                        Ptr(at(p)),
+                        I64(*graph.nodes[p].shape.last().unwrap() as i64),
+                    ]),
+                    None => args.extend([Ptr(0), Ptr(0), Ptr(0), Ptr(0), I64(0)]),
+                }
+            }
+            args.extend([
+                I32(fcode(graph.node(node.inputs[2]).dtype)?),
+                I32(fcode(node.dtype)?),
+                I64(k as i64),
+                I32(group_size as i32),
+            ]);
+            let name = intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1));
+            gpu.launch(name, l.grid, l.block, l.smem, &args)
         }
     }
 }

@@ -113,6 +113,9 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     match fused {
         Some(Fused::Glu { g, .. }) => return format!("fused gate·up+silu·mul ({})", family(graph, *g, None)),
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
+        Some(Fused::Products { before }) => {
+            return format!("fused {} products ({})", before.len() + 1, family(graph, i, None))
+        }
         None => {}
     }
     let input = |k: usize| &graph.node(node.inputs[k]).shape;
