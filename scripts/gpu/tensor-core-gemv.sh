@@ -17,5 +17,9 @@ for cfg in default MLXCEL_TC_PREFETCH=1 MLXCEL_CUDA_FUSE_PRODUCTS=0 MLXCEL_GEMV_
   env $( [ $cfg = default ] || echo $cfg ) MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip}-$cfg timeout 150 bash scripts/bench_representative.sh -o $OUT/bench-$cfg.md --only $presets -- --device cuda -p 512 -g 128 -r 2 2>> $OUT/bench.err >/dev/null
   grep "^| [a-z]" $OUT/bench-$cfg.md | cut -d'|' -f2,6,7 | sed "s/^/$cfg /"
 done
+for cfg in default MLXCEL_GEMV_TC=0; do
+  env $( [ $cfg = default ] || echo $cfg ) MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip}-$cfg timeout 150 bash scripts/bench_representative.sh -o $OUT/moe-$cfg.md --only qwen3-30b-a3b-4bit -- --device cuda -p 512 -g 128 -r 2 2>> $OUT/bench.err >/dev/null
+  grep "^| [a-z]" $OUT/moe-$cfg.md | cut -d'|' -f2,6,7 | sed "s/^/$cfg /"
+done
 MLXCEL_REQUIRE_CUDA=1 timeout 90 .gpu/tests/parity_cuda-test > $OUT/parity.txt 2>&1; echo "parity rc=$?"
 grep -E "test result|panicked" $OUT/parity.txt | head -5

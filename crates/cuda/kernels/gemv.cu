@@ -637,3 +637,39 @@ TC_QGEMV(f16, F16, false, )
 TC_QGEMV(bf16, BF16, false, )
 TC_QGEMV(f16, F16, true, _pf)
 TC_QGEMV(bf16, BF16, true, _pf)
+
+// The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
+// blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).
+template <class X, bool PF>
+__device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const unsigned* w, const void* s,
+                                                const void* z, int sdt, const void* ids, int id_kind, void* y,
+                                                int ydt, i64 top, i64 experts, i64 n, i64 k, int group, int* error,
+                                                int tag) {
+  const i64 p = blockIdx.y;
+  const i64 e = ld_index(ids, id_kind, p);
+  if (e < 0 || e >= experts) {  // the whole block leaves: e is the same for all its threads
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
+    return;
+  }
+  const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
+  const typename X::T* xrow = (const typename X::T*)x + xr * k;
+  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
+  const unsigned* we = w + rows * (k / 8);
+  const void* se = (const char*)s + rows * groups * ssz;
+  const void* ze = (const char*)z + rows * groups * ssz;
+  const i64 row0 = (i64)blockIdx.x * 16;
+  float out[1];
+  tc_qdot<X, 1, PF>(xrow, &we, &se, &ze, sdt, row0, n, k, group, out);
+  if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
+}
+#define TC_GATHER(XN, X, PF, SUF)                                                                                 \
+  extern "C" __global__ void tc_gather_qgemv_##XN##_4##SUF(                                                      \
+      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,  \
+      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,         \
+      int tag) {                                                                                                  \
+    tc_gather_qgemv<X, PF>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
+  }
+TC_GATHER(f16, F16, false, )
+TC_GATHER(bf16, BF16, false, )
+TC_GATHER(f16, F16, true, _pf)
+TC_GATHER(bf16, BF16, true, _pf)

@@ -717,6 +717,18 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], accumulation(64)));
         }
     }
+    // Decode-shaped routed products (what CUDA's tensor-core gathered GEMV takes): one token,
+    // k a multiple of 256, 24 rows an expert (not a multiple of 16).
+    for &dt in &[F16, BF16] {
+        for (group, x_rows) in [(64usize, 1usize), (32, 2)] {
+            let mut c = Case::new(format!("gather_qmm/{dt}/4bit/g{group}/decode/x_rows{x_rows}/top2/k512"));
+            let x = c.input("x", dt, &[1, x_rows, 512], 1.0)?;
+            let [w, s, b] = c.quantized("experts", &[6, 24], 512, (4, group), dt)?;
+            let ids = c.ints("ids", U32, &[1, 2], 0, 6)?;
+            let y = c.b.gather_qmm(x, w, s, b, ids, 4, group)?;
+            cases.push(c.finish(&[y], accumulation(512)));
+        }
+    }
     {
         let mut c = Case::new("gather_qmm/f16/4bit/g64/rank4/i32_ids".into());
         let x = c.input("x", F16, &[2, 3, 1, 128], 1.0)?;

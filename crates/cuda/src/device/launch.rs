@@ -543,6 +543,10 @@ pub fn node(
             if pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
                 // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop
                 // (same parameters as gather_qmm).
+                if let Some(l) = tc_gemv_kernel("gather_qgemv", input(0).dtype, *bits, 1, nn * pairs, k) {
+                    let grid = (nn.div_ceil(16) as u32, pairs as u32);
+                    return gpu.launch_grid(l.name, grid, l.block, l.smem, &args);
+                }
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
             }
