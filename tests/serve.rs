@@ -256,6 +256,84 @@ fn wait_all_blocks_free(addr: &str) -> Value {
 }
 
 #[test]
+fn logprobs_come_in_each_api_s_shape_streamed_or_not() {
+    let s = serve(&[]);
+    let mut body = chat_body("tell me something", 6, false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let r = post(&s.addr, "/v1/chat/completions", &body).json();
+    let content = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs.content")
+        .clone();
+    assert_eq!(
+        content.len() as u64,
+        r["usage"]["completion_tokens"].as_u64().unwrap(),
+        "{r}"
+    );
+    for e in &content {
+        let lp = e["logprob"].as_f64().unwrap();
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert!(lp <= 0.0 && top.len() == 2, "{e}");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(
+            (&top[0]["token"], top[0]["logprob"].as_f64().unwrap()),
+            (&e["token"], lp),
+            "{e}"
+        );
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64(), "{e}");
+        assert!(e["bytes"].is_array(), "{e}");
+    }
+    // Streamed, the same entries arrive spread over the chunks.
+    body["stream"] = json!(true);
+    let raw = post(&s.addr, "/v1/chat/completions", &body);
+    let (_, _, chunks) = stream_text(&raw.text(), true);
+    let streamed: Vec<Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(streamed, content);
+    // Without the switch: null, as OpenAI sends.
+    let plain = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &chat_body("tell me something", 2, false),
+    )
+    .json();
+    assert!(plain["choices"][0]["logprobs"].is_null());
+
+    let text = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "once upon", "max_tokens": 5, "temperature": 0, "logprobs": 1}),
+    )
+    .json();
+    let lp = &text["choices"][0]["logprobs"];
+    let n = text["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(lp[field].as_array().map(Vec::len), Some(n), "{field}: {text}");
+    }
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[0] == 0,
+        "{offsets:?}"
+    );
+    assert!(lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.as_object().unwrap().len() == 1));
+    wait_all_blocks_free(&s.addr);
+}
+
+#[test]
 fn stop_strings_cut_the_text_and_end_with_stop() {
     let s = serve(&[]);
     let full = post(

@@ -44,6 +44,19 @@ assert "".join(pieces) == choice.message.content, (pieces, choice.message.conten
 assert finish == choice.finish_reason
 assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage
 
+lp = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "hello"}],
+    max_tokens=6,
+    temperature=0,
+    logprobs=True,
+    top_logprobs=2,
+)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens, (content, lp.usage)
+assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content), content
+assert all(t.top_logprobs[0].logprob == t.logprob for t in content), "greedy takes the most likely token"
+
 text = client.completions.create(model=model, prompt="once upon", max_tokens=5, temperature=0)
 assert text.object == "text_completion"
 streamed = "".join(

@@ -97,11 +97,21 @@ pub struct Common {
     pub top_k: Option<i64>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
-    /// OpenAI's penalties and log probabilities, refused rather than ignored when asked for.
+    /// OpenAI's penalties, refused rather than ignored when asked for.
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    pub logprobs: Option<bool>,
+    /// Chat: `true` with `top_logprobs` alternatives (0 to 20); completions: the number of
+    /// alternatives (0 to 5).
+    pub logprobs: Option<Logprobs>,
     pub top_logprobs: Option<i64>,
+}
+
+/// `logprobs`: a switch (chat) or a count (completions).
+#[derive(Deserialize, Debug, Clone, Copy)]
+#[serde(untagged)]
+pub enum Logprobs {
+    On(bool),
+    Top(i64),
 }
 
 /// Message content: a string, or text parts `[{"type": "text", "text": ...}]`.
@@ -163,6 +173,8 @@ pub struct Settings {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// Parses `body` as `T`, turning serde's message into a 400.
@@ -176,7 +188,8 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 }
 
 impl Common {
-    pub fn settings(&self) -> Result<Settings, ApiError> {
+    /// The request's settings, checked; `chat` says which API's form `logprobs` takes.
+    pub fn settings(&self, chat: bool) -> Result<Settings, ApiError> {
         let max = self.max_completion_tokens.or(self.max_tokens);
         let param = if self.max_completion_tokens.is_some() {
             "max_completion_tokens"
@@ -242,16 +255,7 @@ impl Common {
                 ));
             }
         }
-        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
-            return Err(ApiError::invalid(
-                "logprobs are not supported yet",
-                Some(if self.logprobs == Some(true) {
-                    "logprobs"
-                } else {
-                    "top_logprobs"
-                }),
-            ));
-        }
+        let logprobs = self.logprobs_setting(chat)?;
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::invalid(
                 format!("only n = 1 is supported, got {n}"),
@@ -285,7 +289,46 @@ impl Common {
             stream: self.stream,
             include_usage,
             ignore_eos: self.ignore_eos,
+            logprobs,
         })
+    }
+
+    fn logprobs_setting(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        let (limit, param) = if chat { (20, "top_logprobs") } else { (5, "logprobs") };
+        let top = match (chat, self.logprobs, self.top_logprobs) {
+            (true, Some(Logprobs::On(true)), top) => top.unwrap_or(0),
+            (true, None | Some(Logprobs::On(false)), None) => return Ok(None),
+            (true, None | Some(Logprobs::On(false)), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs needs logprobs: true",
+                    Some("top_logprobs"),
+                ))
+            }
+            (true, Some(Logprobs::Top(_)), _) => {
+                return Err(ApiError::invalid("logprobs must be true or false", Some("logprobs")))
+            }
+            (false, _, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs is a chat parameter: completions take logprobs: N",
+                    Some("top_logprobs"),
+                ))
+            }
+            (false, None | Some(Logprobs::On(false)), None) => return Ok(None),
+            (false, Some(Logprobs::Top(n)), None) => n,
+            (false, Some(Logprobs::On(true)), None) => {
+                return Err(ApiError::invalid(
+                    "logprobs of a completion is a count of alternatives (0 to 5)",
+                    Some("logprobs"),
+                ))
+            }
+        };
+        if !(0..=limit).contains(&top) {
+            return Err(ApiError::invalid(
+                format!("{param} must be in [0, {limit}], got {top}"),
+                Some(param),
+            ));
+        }
+        Ok(Some(top as usize))
     }
 }
 
@@ -409,11 +452,39 @@ mod tests {
             br#"{"prompt":"x","top_k":5,"min_p":0.1,"repetition_penalty":1.2,"presence_penalty":0,"logprobs":false}"#,
         )
         .unwrap();
-        let s = r.common.settings().unwrap();
+        let s = r.common.settings(false).unwrap();
         assert_eq!((s.top_k, s.min_p, s.repetition_penalty), (5, 0.1, 1.2));
         let r: CompletionRequest = parse(br#"{"prompt":"x","top_k":-1}"#).unwrap();
-        let s = r.common.settings().unwrap();
+        let s = r.common.settings(false).unwrap();
         assert_eq!((s.top_k, s.min_p, s.repetition_penalty), (0, 0.0, 1.0));
+    }
+
+    #[test]
+    fn logprobs_take_each_api_s_form() {
+        let chat = |extra: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+            parse::<ChatRequest>(body.as_bytes())
+                .unwrap()
+                .common
+                .settings(true)
+                .unwrap()
+                .logprobs
+        };
+        assert_eq!(chat(""), None);
+        assert_eq!(chat(r#","logprobs":true"#), Some(0));
+        assert_eq!(chat(r#","logprobs":true,"top_logprobs":20"#), Some(20));
+        let text = |extra: &str| {
+            let body = format!(r#"{{"prompt":"x"{extra}}}"#);
+            parse::<CompletionRequest>(body.as_bytes())
+                .unwrap()
+                .common
+                .settings(false)
+                .unwrap()
+                .logprobs
+        };
+        assert_eq!(text(r#","logprobs":3"#), Some(3));
+        assert_eq!(text(r#","logprobs":0"#), Some(0));
+        assert_eq!(text(r#","logprobs":null"#), None);
     }
 
     #[test]
@@ -432,13 +503,27 @@ mod tests {
             r#"{"prompt":"x","presence_penalty":0.5}"#,
             r#"{"prompt":"x","frequency_penalty":-1}"#,
             r#"{"prompt":"x","logprobs":true}"#,
+            r#"{"prompt":"x","logprobs":6}"#,
+            r#"{"prompt":"x","logprobs":-1}"#,
             r#"{"prompt":"x","top_logprobs":2}"#,
         ];
         for body in bad {
             let r: CompletionRequest = parse(body.as_bytes()).unwrap();
-            let e = r.common.settings().unwrap_err();
+            let e = r.common.settings(false).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
             assert!(e.param.is_some(), "{body}");
+        }
+        let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for extra in [
+            r#""top_logprobs":3"#,
+            r#""logprobs":false,"top_logprobs":1"#,
+            r#""logprobs":true,"top_logprobs":21"#,
+            r#""logprobs":2"#,
+        ] {
+            let body = format!("{{{msgs},{extra}}}");
+            let r: ChatRequest = parse(body.as_bytes()).unwrap();
+            let e = r.common.settings(true).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
         }
         for body in [
             r#"{"prompt":"x""#,

@@ -21,6 +21,7 @@ use mlxcel_engine::batcher::{Batcher, Event, SeqParams};
 use mlxcel_engine::blocks::BlockPool;
 use mlxcel_engine::chat::ChatMessage;
 use mlxcel_engine::paged::PagedEngine;
+use mlxcel_engine::sampler::TokenLogprobs;
 use mlxcel_engine::scheduler::Scheduler;
 use mlxcel_engine::tokenizer::Tokenizer;
 use mlxcel_engine::SamplerSettings;
@@ -239,7 +240,7 @@ fn encode(state: &AppState, body: &[u8], kind: Kind) -> Result<(Vec<u32>, Settin
         Kind::Chat => {
             let r: api::ChatRequest = api::parse(body)?;
             check_model(state, &r.common.model)?;
-            let settings = r.common.settings()?;
+            let settings = r.common.settings(true)?;
             let messages: Vec<ChatMessage> = r
                 .messages()?
                 .into_iter()
@@ -256,7 +257,7 @@ fn encode(state: &AppState, body: &[u8], kind: Kind) -> Result<(Vec<u32>, Settin
         Kind::Text => {
             let r: api::CompletionRequest = api::parse(body)?;
             check_model(state, &r.common.model)?;
-            let settings = r.common.settings()?;
+            let settings = r.common.settings(false)?;
             let ids = match &r.prompt {
                 api::Prompt::Text(t) => tok.encode(t).map_err(bad)?,
                 api::Prompt::Texts(v) if v.len() == 1 => tok.encode(&v[0]).map_err(bad)?,
@@ -349,6 +350,7 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind
         } else {
             state.tokenizer.eos_ids().to_vec()
         },
+        logprobs: settings.logprobs,
     };
     let submit = worker::Submit {
         id,
@@ -397,8 +399,52 @@ impl Job {
         })
     }
 
-    /// One streamed chunk: `delta` text (chat, with the role in the first) or `text`.
-    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+    /// `choices[0].logprobs` for `lps` (null when the request did not ask): chat's `content`
+    /// list, or the completions API's parallel lists. `offset` counts the text before them.
+    fn logprobs(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+        if self.settings.logprobs.is_none() {
+            return Value::Null;
+        }
+        let tok = &self.state.tokenizer;
+        let text = |id: u32| tok.decode(&[id]).unwrap_or_default();
+        // JSON has no -inf: OpenAI reports -9999 for tokens the distribution rules out.
+        let finite = |lp: f32| lp.max(-9999.0);
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| {
+                    let t = text(id);
+                    json!({ "token": t, "logprob": finite(lp), "bytes": t.as_bytes() })
+                };
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        let mut e = entry(l.token, l.logprob);
+                        e["top_logprobs"] = l.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content, "refusal": null })
+            }
+            Kind::Text => {
+                let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for l in lps {
+                    let t = text(l.token);
+                    offsets.push(*offset);
+                    *offset += t.len();
+                    tokens.push(t);
+                    values.push(finite(l.logprob));
+                    let top: serde_json::Map<String, Value> =
+                        l.top.iter().map(|&(id, lp)| (text(id), json!(finite(lp)))).collect();
+                    tops.push(top);
+                }
+                json!({ "tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets })
+            }
+        }
+    }
+
+    /// One streamed chunk: `delta` text (chat, with the role in the first) or `text`, with the
+    /// log-probabilities of the tokens it carries.
+    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -408,9 +454,11 @@ impl Job {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+                json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
             }
-            Kind::Text => json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish }),
+            Kind::Text => {
+                json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
+            }
         };
         let mut obj = json!({
             "id": self.id,
@@ -434,6 +482,8 @@ struct Collector {
     decoded: String,
     stops: StopMatcher,
     tokens: usize,
+    /// Log-probabilities of tokens not yet passed on.
+    logprobs: Vec<TokenLogprobs>,
 }
 
 enum Step {
@@ -450,6 +500,7 @@ impl Collector {
             decoded: String::new(),
             stops: StopMatcher::new(stops),
             tokens: 0,
+            logprobs: Vec::new(),
         }
     }
 
@@ -466,7 +517,8 @@ impl Collector {
 
     fn on(&mut self, ev: Event) -> Step {
         match ev {
-            Event::Token(id) => {
+            Event::Token(id, lp) => {
+                self.logprobs.extend(lp);
                 self.ids.push(id);
                 self.tokens += 1;
                 match self.fresh_text() {
@@ -496,11 +548,14 @@ impl Collector {
 async fn complete(job: Job, mut rx: UnboundedReceiver<Event>) -> Result<Response, ApiError> {
     let mut c = Collector::new(job.state.tokenizer.clone(), job.settings.stop.clone());
     let mut text = String::new();
+    let mut lps = Vec::new();
     let finish = loop {
         let Some(ev) = rx.recv().await else {
             return Err(ApiError::server("the engine dropped the request"));
         };
-        match c.on(ev) {
+        let step = c.on(ev);
+        lps.append(&mut c.logprobs);
+        match step {
             Step::Text(t) => text.push_str(&t),
             Step::Done { text: t, finish } => {
                 text.push_str(&t);
@@ -509,16 +564,17 @@ async fn complete(job: Job, mut rx: UnboundedReceiver<Event>) -> Result<Response
             Step::Error(e) => return Err(ApiError::server(e)),
         }
     };
+    let logprobs = job.logprobs(&lps, &mut 0);
     // Dropping the receiver cancels the sequence if it is still running (stop string).
     drop(rx);
     let choice = match job.kind {
         Kind::Chat => json!({
             "index": 0,
             "message": { "role": "assistant", "content": text },
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish,
         }),
-        Kind::Text => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }),
+        Kind::Text => json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish }),
     };
     Ok(Json(json!({
         "id": job.id,
@@ -541,9 +597,14 @@ fn stream(job: Job, mut rx: UnboundedReceiver<Event>, slot: Slot) -> Response {
         let _slot = slot;
         let mut c = Collector::new(job.state.tokenizer.clone(), job.settings.stop.clone());
         let mut first = true;
+        let mut offset = 0;
         if job.kind == Kind::Chat {
             // OpenAI opens with the role and empty content.
-            if out.send(Ok(sse(&job.chunk(Some(""), true, None)))).await.is_err() {
+            if out
+                .send(Ok(sse(&job.chunk(Some(""), true, None, Value::Null))))
+                .await
+                .is_err()
+            {
                 return;
             }
             first = false;
@@ -554,17 +615,24 @@ fn stream(job: Job, mut rx: UnboundedReceiver<Event>, slot: Slot) -> Response {
                 ev = rx.recv() => ev,
             };
             let Some(ev) = ev else { return };
-            let (chunks, done) = match c.on(ev) {
+            // A chunk carries the log-probabilities of the tokens since the last one (text a
+            // stop string may still claim waits, and so do they).
+            let step = c.on(ev);
+            let (chunks, done) = match step {
                 Step::Text(t) if t.is_empty() => (vec![], false),
-                Step::Text(t) => (vec![job.chunk(Some(&t), first, None)], false),
+                Step::Text(t) => {
+                    let lp = job.logprobs(&std::mem::take(&mut c.logprobs), &mut offset);
+                    (vec![job.chunk(Some(&t), first, None, lp)], false)
+                }
                 Step::Done { text, finish } => {
                     let mut v = Vec::new();
+                    let mut lp = job.logprobs(&std::mem::take(&mut c.logprobs), &mut offset);
                     if !text.is_empty() {
-                        v.push(job.chunk(Some(&text), first, None));
+                        v.push(job.chunk(Some(&text), first, None, std::mem::take(&mut lp)));
                     }
-                    v.push(job.chunk(None, false, Some(finish)));
+                    v.push(job.chunk(None, false, Some(finish), lp));
                     if job.settings.include_usage {
-                        let mut u = job.chunk(None, false, None);
+                        let mut u = job.chunk(None, false, None, Value::Null);
                         u["choices"] = json!([]);
                         u["usage"] = job.usage(c.tokens);
                         v.push(u);

@@ -67,7 +67,7 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
             open
         });
         let result = batcher.step(&mut |id, ev| {
-            let last = !matches!(ev, Event::Token(_));
+            let last = !matches!(ev, Event::Token(..));
             if let Some(tx) = senders.get(&id) {
                 let _ = tx.send(ev);
             }

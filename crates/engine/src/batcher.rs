@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::blocks::SeqId;
 use crate::paged::{PagedEngine, Row};
-use crate::sampler::{self, SamplerSettings};
+use crate::sampler::{self, SamplerSettings, TokenLogprobs};
 use crate::scheduler::Scheduler;
 use crate::FinishReason;
 
@@ -18,6 +18,8 @@ pub struct SeqParams {
     /// this sequence's row of logits (rows of one batch sample differently).
     pub sampler: SamplerSettings,
     pub eos: Vec<u32>,
+    /// Report each token's log-probability and this many alternatives (None: none).
+    pub logprobs: Option<usize>,
 }
 
 impl SeqParams {
@@ -30,7 +32,8 @@ impl SeqParams {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Token(u32),
+    /// A token, with its log-probabilities when the sequence asked for them.
+    Token(u32, Option<TokenLogprobs>),
     /// The sequence is done and its blocks are back in the pool.
     Finished(FinishReason),
     /// The step failed; the sequence is dropped.
@@ -77,9 +80,15 @@ impl Batcher {
         self.sched.is_idle()
     }
 
-    fn sample(&self, id: SeqId, argmax: u32, logits: Option<&[f32]>) -> u32 {
+    /// Whether `id`'s next token needs the step's logits on the host.
+    fn wants_logits(&self, id: SeqId) -> bool {
         let p = &self.params[&id];
-        match logits {
+        !p.greedy() || p.logprobs.is_some()
+    }
+
+    fn sample(&self, id: SeqId, argmax: u32, logits: Option<&[f32]>) -> (u32, Option<TokenLogprobs>) {
+        let p = &self.params[&id];
+        let token = match logits {
             Some(l) if !p.greedy() => {
                 let seq = self.sched.seq(id);
                 let counter = seq.map_or(0, |s| s.generated().len() as u32);
@@ -87,11 +96,19 @@ impl Batcher {
                 sampler::sample_host(l, &p.sampler, counter, history)
             }
             _ => argmax,
-        }
+        };
+        let lp = p.logprobs.zip(logits).map(|(top, l)| sampler::logprobs(l, token, top));
+        (token, lp)
     }
 
     /// Records `token` for `id` and reports it; ends the sequence on EOS or length.
-    fn accept(&mut self, id: SeqId, token: u32, decoded: bool, emit: &mut dyn FnMut(SeqId, Event)) {
+    fn accept(
+        &mut self,
+        id: SeqId,
+        (token, lp): (u32, Option<TokenLogprobs>),
+        decoded: bool,
+        emit: &mut dyn FnMut(SeqId, Event),
+    ) {
         let p = &self.params[&id];
         if p.eos.contains(&token) {
             emit(id, Event::Finished(FinishReason::Stop));
@@ -99,7 +116,7 @@ impl Batcher {
             return;
         }
         self.sched.push_token(id, token, decoded);
-        emit(id, Event::Token(token));
+        emit(id, Event::Token(token, lp));
         let seq = self.sched.seq(id).expect("running");
         if seq.generated().len() >= self.params[&id].max_tokens {
             emit(id, Event::Finished(FinishReason::Length));
@@ -123,7 +140,7 @@ impl Batcher {
         }
         self.steps += 1;
         if !plan.decode.is_empty() {
-            let want_logits = plan.decode.iter().any(|id| !self.params[id].greedy());
+            let want_logits = plan.decode.iter().any(|&id| self.wants_logits(id));
             let rows: Vec<Row> = plan
                 .decode
                 .iter()
@@ -140,27 +157,27 @@ impl Batcher {
                 Ok(out) => {
                     for (r, &id) in plan.decode.iter().enumerate() {
                         let logits = out.logits.as_ref().map(|l| l[r].as_slice());
-                        let token = self.sample(id, out.argmax[r], logits);
-                        self.accept(id, token, true, emit);
+                        let sampled = self.sample(id, out.argmax[r], logits);
+                        self.accept(id, sampled, true, emit);
                     }
                 }
                 Err(e) => self.fail(&plan.decode, &e, emit),
             }
         }
         if let Some((id, start, len)) = plan.prefill {
-            let greedy = self.params[&id].greedy();
+            let want_logits = self.wants_logits(id);
             let s = self.sched.seq(id).expect("planned");
             let row = Row {
                 tokens: &s.tokens[start..start + len],
                 start,
                 table: self.sched.pool.table(id),
             };
-            match self.engine.step(&[row], !greedy) {
+            match self.engine.step(&[row], want_logits) {
                 Ok(out) => {
                     if self.sched.prefilled(id, len) {
                         let logits = out.logits.as_ref().map(|l| l[0].as_slice());
-                        let token = self.sample(id, out.argmax[0], logits);
-                        self.accept(id, token, false, emit);
+                        let sampled = self.sample(id, out.argmax[0], logits);
+                        self.accept(id, sampled, false, emit);
                     }
                 }
                 Err(e) => self.fail(&[id], &e, emit),

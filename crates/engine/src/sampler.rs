@@ -169,6 +169,39 @@ pub fn build(b: &mut GraphBuilder, logits: NodeId, s: &SamplerSettings) -> Resul
     ))
 }
 
+/// Log-probabilities of one sampled token under the model's distribution (the raw logits'
+/// softmax, before temperature, masks or penalties, as OpenAI and vLLM report them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprobs`] of `token` in a row of logits, with the `top` most likely tokens.
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |i: usize| (logits[i] as f64 - lse) as f32;
+    let mut best: Vec<usize> = (0..logits.len()).collect();
+    let order = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let top = top.min(logits.len());
+    if top > 0 && top < best.len() {
+        best.select_nth_unstable_by(top - 1, order);
+    }
+    best.truncate(top);
+    best.sort_by(order);
+    TokenLogprobs {
+        token,
+        logprob: logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |_| lp(token as usize)),
+        top: best.into_iter().map(|i| (i as u32, lp(i))).collect(),
+    }
+}
+
 /// [`build`]'s chain on the host, for batches whose rows sample differently, in its order: repetition penalty over the last
 /// `repetition_context` tokens of `history`, top-p, min-p and top-k masks, then temperature
 /// and Gumbel-max with the noise of row 0, so a request draws the same tokens whichever batch
@@ -333,5 +366,17 @@ mod host_tests {
         // A negative logit is multiplied (made less likely), never raised.
         let neg = [-0.1f32, -0.12];
         assert_eq!(sample_host(&neg, &s, 0, &[0]), 1, "-0.15 < -0.12");
+    }
+    #[test]
+    fn logprobs_are_the_softmax_of_the_raw_logits() {
+        // ln softmax([0, ln 2, ln 2, -inf]) = [ln 1/5, ln 2/5, ln 2/5, -inf]
+        let l = [0.0, 2f32.ln(), 2f32.ln(), f32::NEG_INFINITY];
+        let r = logprobs(&l, 0, 3);
+        assert!((r.logprob - 0.2f32.ln()).abs() < 1e-6, "{r:?}");
+        assert_eq!(r.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 0], "ties by id");
+        assert!((r.top[0].1 - 0.4f32.ln()).abs() < 1e-6);
+        assert_eq!(logprobs(&l, 3, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprobs(&l, 1, 0).top.is_empty());
+        assert_eq!(logprobs(&l, 1, 10).top.len(), 4, "at most the vocabulary");
     }
 }

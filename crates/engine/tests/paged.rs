@@ -35,6 +35,7 @@ fn greedy(n: usize) -> SeqParams {
         max_tokens: n,
         sampler: SamplerSettings::default(),
         eos: vec![],
+        logprobs: None,
     }
 }
 
@@ -50,7 +51,7 @@ fn run_all(b: &mut Batcher, prompts: &[(u64, Vec<u32>, SeqParams)]) -> HashMap<u
             break;
         }
         b.step(&mut |id, ev| match ev {
-            Event::Token(t) => out.entry(id).or_default().push(t),
+            Event::Token(t, _) => out.entry(id).or_default().push(t),
             Event::Finished(_) => finished += 1,
             Event::Failed(e) => panic!("sequence {id} failed: {e}"),
         })
@@ -210,10 +211,61 @@ fn eos_ends_a_sequence_without_emitting_it() {
     assert_eq!(
         events,
         vec![
-            Event::Token(first[0]),
-            Event::Token(first[1]),
+            Event::Token(first[0], None),
+            Event::Token(first[1], None),
             Event::Finished(FinishReason::Stop)
         ]
     );
     assert_eq!(b.sched.pool.free_blocks(), 16);
+}
+
+/// Every event of each sequence, in order.
+fn events_of(b: &mut Batcher, reqs: &[(u64, Vec<u32>, SeqParams)]) -> HashMap<u64, Vec<Event>> {
+    for (id, p, params) in reqs {
+        b.add(*id, p.clone(), params.clone());
+    }
+    let mut out: HashMap<u64, Vec<Event>> = HashMap::new();
+    while !b.is_idle() {
+        b.step(&mut |id, ev| out.entry(id).or_default().push(ev)).unwrap();
+    }
+    out
+}
+
+#[test]
+fn logprobs_come_with_each_token_and_do_not_depend_on_the_batch() {
+    let with_lp = |n| SeqParams {
+        logprobs: Some(3),
+        ..greedy(n)
+    };
+    let reqs = vec![
+        (1u64, vec![5, 17, 300, 42], with_lp(6)),
+        (2, vec![9, 8, 7], greedy(5)),
+        (3, vec![11; 9], with_lp(4)),
+    ];
+    let mut alone = HashMap::new();
+    for r in &reqs {
+        alone.extend(events_of(&mut batcher(64, 8, 1, 16), std::slice::from_ref(r)));
+    }
+    let together = events_of(&mut batcher(64, 8, 4, 16), &reqs);
+    assert_eq!(together, alone, "logprobs of a row must not depend on the batch");
+    for (id, events) in &together {
+        let tokens: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Token(..))).collect();
+        assert!(!tokens.is_empty());
+        for ev in tokens {
+            let Event::Token(t, lp) = ev else { unreachable!() };
+            if *id == 2 {
+                assert!(lp.is_none(), "sequence 2 did not ask for logprobs");
+                continue;
+            }
+            let lp = lp.as_ref().expect("logprobs asked for");
+            assert_eq!(lp.token, *t);
+            assert_eq!(lp.top.len(), 3);
+            // Greedy: the token is the most likely one, and the list runs downwards.
+            assert_eq!(lp.top[0], (*t, lp.logprob));
+            assert!(
+                lp.top.windows(2).all(|w| w[0].1 >= w[1].1) && lp.logprob <= 0.0,
+                "{lp:?}"
+            );
+        }
+    }
 }
