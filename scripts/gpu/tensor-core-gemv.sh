@@ -9,11 +9,11 @@ mkdir -p "$MLXCEL_CACHE_DIR"; cp .gpu/extra/ptx-*.ptx "$MLXCEL_CACHE_DIR"/ 2>/de
 t0=$(date +%s)
 MLXCEL_REQUIRE_CUDA=1 timeout 240 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > $OUT/tests.txt 2>&1; echo "gpu-test rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -E "test result|differ|panicked|FAIL" $OUT/tests.txt | head -20
-for cfg in MLXCEL_GEMV_TC=0 default MLXCEL_TC_CHAINS=1 MLXCEL_TC_PREFETCH=1; do
+for cfg in default MLXCEL_TC_CHAINS=1; do
   env $( [ $cfg = default ] || echo $cfg ) timeout 60 .gpu/tests/gpu-test gemv_throughput --ignored --nocapture 2>&1 | grep "^| [0-9]" | cut -d'|' -f2,3,5,6 | sed "s/^/$cfg /"
 done | tee $OUT/gemv.txt
 presets=${PRESETS:-llama-3.1-8b-4bit,qwen3-8b-4bit}
-for cfg in default MLXCEL_TC_CHAINS=1 MLXCEL_CUDA_FUSE_PRODUCTS=0 MLXCEL_GEMV_TC=0; do
+for cfg in default MLXCEL_TC_CHAINS=1 MLXCEL_CUDA_FUSE_PRODUCTS=0 MLXCEL_CUDA_FUSE_ROPE=0 MLXCEL_GEMV_TC=0; do
   env $( [ $cfg = default ] || echo $cfg ) MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip}-$cfg timeout 150 bash scripts/bench_representative.sh -o $OUT/bench-$cfg.md --only $presets -- --device cuda -p 512 -g 128 -r 2 2>> $OUT/bench.err >/dev/null
   grep "^| [a-z]" $OUT/bench-$cfg.md | cut -d'|' -f2,6,7 | sed "s/^/$cfg /"
 done

@@ -31,22 +31,43 @@ extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, con
   }
 }
 
+// The value rope() stores at element idx of x [B, H, T, D] (see rope).
+__device__ __forceinline__ float rope_value(const void* x, int dt, const void* pos, int pos_kind, int pos_batched,
+                                            const void* freq, int fdt, i64 h, i64 t, i64 d, i64 dims,
+                                            int interleaved, float scale, i64 idx) {
+  const i64 row = idx / d, j = idx % d;
+  if (j >= dims) return ldf(x, dt, idx);
+  const i64 ti = row % t, bi = row / (h * t), half = dims / 2, base = row * d;
+  const i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
+  const i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+  const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
+  float sn, cs;
+  sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
+  const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
+  return j == ia ? a * cs - c * sn : a * sn + c * cs;
+}
+
 // x [B, H, T, D]; one thread per (row, pair). Channels past `dims` are copied.
 extern "C" __global__ void rope(const void* x, int dt, const void* pos, int pos_kind, int pos_batched, const void* freq,
                                 int fdt, void* y, i64 b, i64 h, i64 t, i64 d, i64 dims, int interleaved, float scale) {
-  const i64 half = dims / 2, rows = b * h * t;
-  for (i64 idx = gid(); idx < rows * d; idx += gstride()) {
-    i64 row = idx / d, j = idx % d;
-    i64 ti = row % t, bi = row / (h * t);
-    const i64 base = row * d;
-    if (j >= dims) { stf(y, dt, idx, ldf(x, dt, idx)); continue; }
-    i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
-    i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-    float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
-    float sn, cs;
-    sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
-    float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
-    stf(y, dt, idx, j == ia ? a * cs - c * sn : a * sn + c * cs);
+  const i64 n = b * h * t * d;
+  for (i64 idx = gid(); idx < n; idx += gstride())
+    stf(y, dt, idx, rope_value(x, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, idx));
+}
+
+// kv_write(cache, rope(x)) as one kernel: the rotated keys [B, H, T, D] go straight into the
+// cache [B, H, S, D] (same dtype dt) at wpos (scalar or [B]), rounded once as rope stores them.
+extern "C" __global__ void rope_kv_write(const void* x, int dt, const void* pos, int pos_kind, int pos_batched,
+                                         const void* freq, int fdt, i64 dims, int interleaved, float scale,
+                                         void* cache, const void* wpos, int wpos_kind, int wpos_len, i64 b, i64 h,
+                                         i64 s, i64 t, i64 d, int* error, int tag) {
+  const i64 n = b * h * t * d;
+  for (i64 idx = gid(); idx < n; idx += gstride()) {
+    const i64 j = idx % d, ti = (idx / d) % t, hi = (idx / (d * t)) % h, bi = idx / (d * t * h);
+    const i64 p = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
+    if (p < 0 || p + t > s) { atomicCAS(error, 0, tag); continue; }
+    const float v = rope_value(x, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, idx);
+    stf(cache, dt, ((bi * h + hi) * s + p + ti) * d + j, v);
   }
 }
 

@@ -1001,6 +1001,22 @@ fn kv_write(cases: &mut Vec<OpCase>) -> Result<()> {
         let y = c.b.kv_write(cache, new, pos)?;
         cases.push(c.finish(&[y], BIT_EXACT));
     }
+    // Rotated keys written into the cache (one kernel on CUDA): decode (T = 1) and a chunk.
+    for &dt in &FLOATS {
+        for (t, at) in [(1usize, 7.0f32), (3, 4.0)] {
+            let mut c = Case::new(format!("kv_write/{dt}/of_rope/t{t}"));
+            let cache = c.state("cache", dt, &[1, 2, 10, 32])?;
+            let k = c.input("k", dt, &[1, 2, t, 32], 1.0)?;
+            let positions: Vec<f32> = (0..t).map(|i| at + i as f32).collect();
+            let positions = c.input_values("positions", I32, &[t], &positions)?;
+            let freqs = inv_freq(&mut c, 32)?;
+            let k = c.b.rope(k, positions, freqs, 32, false, 1.0)?;
+            let pos = c.input_values("pos", I32, &[], &[at])?;
+            let y = c.b.kv_write(cache, k, pos)?;
+            let factor = if dt == F32 { 4.0 } else { 1.0 };
+            cases.push(c.finish(&[y], factor));
+        }
+    }
     {
         let mut c = Case::new("kv_write/f16_cache/f32_new/pos_scalar/d33".into());
         let cache = c.state("cache", F16, &[1, 2, 10, 33])?;

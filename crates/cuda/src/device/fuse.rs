@@ -5,6 +5,7 @@
 //!
 //! - `silu(x·Gᵀ) · (x·Uᵀ)` (the gated MLP's gate, up, SiLU and product): one GEMV reading x once;
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
+//! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
 //! - up to three one-row 4-bit products of the same x (attention's q, k and v): one tensor-core
 //!   GEMV launch over all their rows, so the narrow k and v products share the GPU with q.
 //!
@@ -25,6 +26,8 @@ pub enum Fused {
     /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
     /// written by the anchor's launch (nothing reads them before it).
     Products { before: Vec<usize> },
+    /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
+    RopeKvWrite { rope: usize },
 }
 
 pub struct Fusion {
@@ -43,7 +46,7 @@ impl Fusion {
     }
 
     /// Finds the patterns; `MLXCEL_CUDA_FUSE=0` turns fusion off, `MLXCEL_CUDA_FUSE_PRODUCTS=0`
-    /// only the shared-x products.
+    /// only the shared-x products, `MLXCEL_CUDA_FUSE_ROPE=0` only RoPE into the cache.
     pub fn find(graph: &Graph) -> Fusion {
         let n = graph.nodes.len();
         let mut f = Fusion::none(n);
@@ -60,6 +63,7 @@ impl Fusion {
             consumers[o.index()].push(usize::MAX);
         }
         let only_for = |v: usize, user: usize| consumers[v] == [user];
+        let rope_fusion = !std::env::var("MLXCEL_CUDA_FUSE_ROPE").is_ok_and(|v| v == "0");
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
                 Op::Binary(BinaryOp::Mul) => {
@@ -105,6 +109,20 @@ impl Fusion {
                         f.anchored[i] = Some(Fused::AddRmsNorm { add });
                     }
                 }
+                Op::KvWrite if rope_fusion => {
+                    let rope = node.inputs[1].index();
+                    let r = &graph.nodes[rope];
+                    let ok = matches!(r.op, Op::Rope { .. })
+                        && r.dtype == node.dtype
+                        && r.shape.len() == 4
+                        && only_for(rope, i)
+                        && !f.absorbed[rope]
+                        && f.anchored[rope].is_none();
+                    if ok {
+                        f.absorbed[rope] = true;
+                        f.anchored[i] = Some(Fused::RopeKvWrite { rope });
+                    }
+                }
                 _ => {}
             }
         }
@@ -125,6 +143,7 @@ impl Fusion {
                 Some(Fused::AddRmsNorm { add }) => graph.nodes[*add].inputs.clone(),
                 // x is the anchor's own input; the weights are parameters.
                 Some(Fused::Products { .. }) => continue,
+                Some(Fused::RopeKvWrite { rope }) => graph.nodes[*rope].inputs.clone(),
             };
             g.nodes[i].inputs.extend(extra);
         }
@@ -294,6 +313,30 @@ mod tests {
         match &f.anchored[p[2]] {
             Some(Fused::Products { before }) => assert_eq!(before, &p[1..2]),
             other => panic!("expected k and v fused, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rope_into_the_cache_is_one_kernel_unless_the_rotation_is_read_too() {
+        for read_too in [false, true] {
+            let mut b = GraphBuilder::default();
+            let k = b.input("k", DType::F16, &[1, 2, 1, 8]);
+            let pos = b.input("pos", DType::I32, &[1]);
+            let at = b.input("at", DType::I32, &[]);
+            let freqs = b.parameter("freqs", HostTensor::from_f32(DType::F32, &[4], &[1.0; 4]).unwrap());
+            let cache = b.state("cache", DType::F16, &[1, 2, 4, 8]);
+            let r = b.rope(k, pos, freqs, 8, false, 1.0).unwrap();
+            let w = b.kv_write(cache, r, at).unwrap();
+            let outs = if read_too { vec![w, r] } else { vec![w] };
+            let graph = b.finish(&outs);
+            let (ri, wi) = (r.index(), w.index());
+            let f = Fusion::find(&graph);
+            if read_too {
+                assert!(f.anchored[wi].is_none() && !f.absorbed[ri]);
+            } else {
+                assert!(matches!(f.anchored[wi], Some(Fused::RopeKvWrite { rope }) if rope == ri));
+                assert!(f.absorbed[ri]);
+            }
         }
     }
 }

@@ -881,6 +881,8 @@ pub(crate) fn fused(
     i: usize,
     f: &super::fuse::Fused,
     at: &dyn Fn(usize) -> u64,
+    error: u64,
+    tag: i32,
 ) -> Result<()> {
     use super::fuse::Fused;
     use Arg::{Ptr, F32, I32, I64};
@@ -954,6 +956,43 @@ pub(crate) fn fused(
             // A block of up to 1024 threads a row keeps the row in registers (nn.cu).
             let block = d.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32;
             gpu.launch("add_rms_norm", (n / d.max(1)) as u32, block, 0, &args)
+        }
+        Fused::RopeKvWrite { rope } => {
+            let r = &graph.nodes[*rope];
+            let Op::Rope {
+                dims,
+                interleaved,
+                scale,
+            } = r.op
+            else {
+                unreachable!("RopeKvWrite holds a rope")
+            };
+            let (sc, sn) = (&node.shape, &r.shape);
+            let wpos = graph.node(node.inputs[2]);
+            let args = [
+                Ptr(at(input(*rope, 0))),
+                I32(fcode(r.dtype)?),
+                Ptr(at(input(*rope, 1))),
+                I32(icode(graph.node(r.inputs[1]).dtype)?),
+                I32(i32::from(graph.node(r.inputs[1]).shape.len() == 2)),
+                Ptr(at(input(*rope, 2))),
+                I32(fcode(graph.node(r.inputs[2]).dtype)?),
+                I64(dims as i64),
+                I32(i32::from(interleaved)),
+                F32(scale),
+                Ptr(at(i)),
+                Ptr(at(input(i, 2))),
+                I32(icode(wpos.dtype)?),
+                I32(wpos.shape.iter().product::<usize>() as i32),
+                I64(sc[0] as i64),
+                I64(sc[1] as i64),
+                I64(sc[2] as i64),
+                I64(sn[2] as i64),
+                I64(sc[3] as i64),
+                Ptr(error),
+                I32(tag),
+            ];
+            gpu.launch("rope_kv_write", blocks(sn.iter().product()), THREADS, 0, &args)
         }
         Fused::Products { before } => {
             let Op::QuantizedMatMul { bits, group_size } = node.op else {

@@ -388,7 +388,15 @@ fn launch_all(
             p.before(gpu, profile::family(&g.graph, i, g.fusion.anchored[i].as_ref()))?;
         }
         match &g.fusion.anchored[i] {
-            Some(f) => launch::fused(gpu, &g.graph, i, f, &|j| loc_ptr(gpu, g.plan.locs[j], g, states))?,
+            Some(f) => launch::fused(
+                gpu,
+                &g.graph,
+                i,
+                f,
+                &|j| loc_ptr(gpu, g.plan.locs[j], g, states),
+                error_ptr,
+                i as i32 + 1,
+            )?,
             None => launch::node(gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1)?,
         }
         if let Some((p, _)) = profile.as_mut() {

@@ -113,6 +113,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     match fused {
         Some(Fused::Glu { g, .. }) => return format!("fused gate·up+silu·mul ({})", family(graph, *g, None)),
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
+        Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
         Some(Fused::Products { before }) => {
             return format!("fused {} products ({})", before.len() + 1, family(graph, i, None))
         }
