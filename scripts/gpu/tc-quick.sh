@@ -14,3 +14,5 @@ for cfg in default MLXCEL_TC_CHAINS=1 MLXCEL_CUDA_FUSE_ROPE=0 MLXCEL_GEMV_TC=0; 
 done
 timeout 60 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4bit --device cuda -p 512 -g 128 -r 2 --json > $OUT/moe.json 2>> $OUT/bench.err
 echo "moe $(grep -o '"decode_tps_mean"[^,]*' $OUT/moe.json | head -1)"
+timeout 30 .gpu/bin/mlxcel bench --preset gemma3-1b-4bit --device cuda -p 512 -g 128 -r 2 --json > $OUT/gemma.json 2>> $OUT/bench.err
+echo "gemma $(grep -o '"decode_tps_mean"[^,]*' $OUT/gemma.json | head -1) $(grep -o '"bytes_per_token"[^,]*' $OUT/gemma.json | head -1) $(grep -o '"dtype"[^,]*' $OUT/gemma.json | head -1)"
