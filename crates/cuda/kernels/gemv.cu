@@ -451,9 +451,9 @@ template <> struct TensorCore<BF16> {
 // NM weights of one shape (1: a product; 2: gate and up of a GLU) applied to x [k]: lane
 // (g, t) of each warp ends with the dot products of rows row0 + g and row0 + g + 8; the block's
 // warps are summed and thread i < 16 returns row row0 + i's in out[m]. A warp's first chunk of
-// weights is requested before x is staged; with PF, its next chunk is requested before the
-// current one is computed. CH: independent mma accumulator chains (1 or 4).
-template <class X, int NM, bool PF, int CH>
+// weights is requested before x is staged. (Measured slower on the H200: requesting the next
+// chunk before computing the current one, and four independent mma accumulator chains.)
+template <class X, int NM>
 __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w, const void* const* s,
                                         const void* const* z, int sdt, i64 row0, i64 n, i64 k, int group,
                                         float* out) {
@@ -498,9 +498,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   for (i64 c = warp; c < chunks; c += warps) {
-    uint4 next[NM][2][2];
     const bool more = c + warps < chunks;
-    if (PF && more) fetch(next, c + warps);
     // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b.
     const i64 run = c * 8 + 2 * t;
     const i64 g0 = run * 32 / group, g1 = (run + 1) * 32 / group;
@@ -517,13 +515,9 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
       bi[m][3] = ldf(z[m], sdt, rb * groups + g1);
     }
     const float s0 = xsum[run], s1 = xsum[run + 1];
-    // Four independent accumulator chains (word t or t + 4, even or odd j), so consecutive
-    // mma instructions do not wait on each other; summed after.
-    float cc[NM][4][4];
+    float cc[NM][4];
 #pragma unroll
-    for (int m = 0; m < NM; m++)
-#pragma unroll
-      for (int h = 0; h < 4; h++) cc[m][h][0] = cc[m][h][1] = cc[m][h][2] = cc[m][h][3] = 0.0f;
+    for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
 #pragma unroll
@@ -539,35 +533,23 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
           a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
           a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
           a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m][CH == 1 ? 0 : 2 * u + (j & 1)], a, xb.x, xb.y);
+          TC::mma(cc[m], a, xb.x, xb.y);
           a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
           a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
           a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
           a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m][CH == 1 ? 0 : 2 * u + (j & 1)], a, xb.z, xb.w);
+          TC::mma(cc[m], a, xb.z, xb.w);
         }
       }
     }
 #pragma unroll
     for (int m = 0; m < NM; m++) {
-      float d[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) d[i] = (cc[m][0][i] + cc[m][1][i]) + (cc[m][2][i] + cc[m][3][i]);
-      acc[m][0] += sc[m][0] * (d[0] - TC::OFF * s0) + bi[m][0] * s0;
-      acc[m][0] += sc[m][1] * (d[1] - TC::OFF * s1) + bi[m][1] * s1;
-      acc[m][1] += sc[m][2] * (d[2] - TC::OFF * s0) + bi[m][2] * s0;
-      acc[m][1] += sc[m][3] * (d[3] - TC::OFF * s1) + bi[m][3] * s1;
+      acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
+      acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
+      acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
+      acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
     }
-    if (!PF && more) fetch(q, c + warps);
-    if (PF && more) {
-#pragma unroll
-      for (int m = 0; m < NM; m++) {
-        q[m][0][0] = next[m][0][0];
-        q[m][0][1] = next[m][0][1];
-        q[m][1][0] = next[m][1][0];
-        q[m][1][1] = next[m][1][1];
-      }
-    }
+    if (more) fetch(q, c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
 #pragma unroll
@@ -593,8 +575,8 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
 // 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes.
-#define TC_QGEMV3(XN, X, PF, CH, SUF)                                                                                 \
-  extern "C" __global__ void tc_qgemv3_##XN##_4##SUF(                                                                 \
+#define TC_QGEMV3(XN, X)                                                                                 \
+  extern "C" __global__ void tc_qgemv3_##XN##_4(                                                                 \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,    \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,       \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group) {                                                     \
@@ -606,20 +588,16 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                              \
     else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                   \
     float out[1];                                                                                                 \
-    tc_qdot<X, 1, PF, CH>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                    \
+    tc_qdot<X, 1>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                    \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                      \
   }
-TC_QGEMV3(f16, F16, false, 4, )
-TC_QGEMV3(f16, F16, false, 1, _c1)
-TC_QGEMV3(bf16, BF16, false, 4, )
-TC_QGEMV3(bf16, BF16, false, 1, _c1)
-TC_QGEMV3(f16, F16, true, 4, _pf)
-TC_QGEMV3(bf16, BF16, true, 4, _pf)
+TC_QGEMV3(f16, F16)
+TC_QGEMV3(bf16, BF16)
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes).
-#define TC_QGEMV(XN, X, PF, CH, SUF)                                                                                  \
-  extern "C" __global__ void tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,             \
+#define TC_QGEMV(XN, X)                                                                                  \
+  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,             \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
                                                int group) {                                                       \
     const unsigned* ws[1] = {w};                                                                                  \
@@ -627,10 +605,10 @@ TC_QGEMV3(bf16, BF16, true, 4, _pf)
     const void* zs[1] = {z};                                                                                      \
     float out[1];                                                                                            \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 1, PF, CH>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
   }                                                                                                               \
-  extern "C" __global__ void tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,            \
+  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,            \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu, \
                                               int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,      \
                                               int group) {                                                        \
@@ -639,20 +617,16 @@ TC_QGEMV3(bf16, BF16, true, 4, _pf)
     const void* zs[2] = {zg, zu};                                                                                 \
     float out[2];                                                                                            \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 2, PF, CH>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
+    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                               \
       stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                     \
   }
-TC_QGEMV(f16, F16, false, 4, )
-TC_QGEMV(f16, F16, false, 1, _c1)
-TC_QGEMV(bf16, BF16, false, 4, )
-TC_QGEMV(bf16, BF16, false, 1, _c1)
-TC_QGEMV(f16, F16, true, 4, _pf)
-TC_QGEMV(bf16, BF16, true, 4, _pf)
+TC_QGEMV(f16, F16)
+TC_QGEMV(bf16, BF16)
 
 // The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
 // blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).
-template <class X, bool PF, int CH>
+template <class X>
 __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const unsigned* w, const void* s,
                                                 const void* z, int sdt, const void* ids, int id_kind, void* y,
                                                 int ydt, i64 top, i64 experts, i64 n, i64 k, int group, int* error,
@@ -671,19 +645,15 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   const void* ze = (const char*)z + rows * groups * ssz;
   const i64 row0 = (i64)blockIdx.x * 16;
   float out[1];
-  tc_qdot<X, 1, PF, CH>(xrow, &we, &se, &ze, sdt, row0, n, k, group, out);
+  tc_qdot<X, 1>(xrow, &we, &se, &ze, sdt, row0, n, k, group, out);
   if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
 }
-#define TC_GATHER(XN, X, PF, CH, SUF)                                                                                 \
-  extern "C" __global__ void tc_gather_qgemv_##XN##_4##SUF(                                                      \
+#define TC_GATHER(XN, X)                                                                                 \
+  extern "C" __global__ void tc_gather_qgemv_##XN##_4(                                                      \
       const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,  \
       int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,         \
       int tag) {                                                                                                  \
-    tc_gather_qgemv<X, PF, CH>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
+    tc_gather_qgemv<X>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
   }
-TC_GATHER(f16, F16, false, 4, )
-TC_GATHER(f16, F16, false, 1, _c1)
-TC_GATHER(bf16, BF16, false, 4, )
-TC_GATHER(bf16, BF16, false, 1, _c1)
-TC_GATHER(f16, F16, true, 4, _pf)
-TC_GATHER(bf16, BF16, true, 4, _pf)
+TC_GATHER(f16, F16)
+TC_GATHER(bf16, BF16)

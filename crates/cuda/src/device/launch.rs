@@ -165,9 +165,7 @@ pub(crate) fn gemv_kernel(
 /// weights, when it applies: k a multiple of 256 (its chunk), x staged whole in shared memory.
 /// A block computes 16 weight rows, its warps splitting k: as many warps (a power of two up to
 /// 16, at least 2, at most the chunks) as keep about 32 warps on each SM. `MLXCEL_GEMV_TC=0` turns it
-/// off, `MLXCEL_TC_WARPS=N` fixes the warps and `MLXCEL_TC_PREFETCH=1` has each warp request
-/// its next chunk before computing the current one, `MLXCEL_TC_CHAINS=1` keeps one mma
-/// accumulator chain instead of four (for kernel tuning).
+/// off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
 pub(crate) fn tc_gemv_kernel(
     family: &str,
     x: mlxcel_core::DType,
@@ -194,13 +192,8 @@ pub(crate) fn tc_gemv_kernel(
     });
     Some(GemvLaunch {
         name: intern(format!(
-            "tc_{family}_{}_4{}",
-            if x == DType::F16 { "f16" } else { "bf16" },
-            match (tune.tc_prefetch, tune.tc_one_chain) {
-                (true, _) => "_pf",
-                (false, true) => "_c1",
-                _ => "",
-            }
+            "tc_{family}_{}_4",
+            if x == DType::F16 { "f16" } else { "bf16" }
         )),
         grid: tiles as u32,
         block: 32 * warps.clamp(1, 16) as u32,
@@ -231,8 +224,6 @@ struct GemvTuning {
     warps: usize,
     tensor_cores: bool,
     tc_warps: Option<usize>,
-    tc_prefetch: bool,
-    tc_one_chain: bool,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -248,8 +239,6 @@ fn gemv_tuning() -> &'static GemvTuning {
             .unwrap_or(8),
         tensor_cores: std::env::var("MLXCEL_GEMV_TC").map_or(true, |v| v != "0"),
         tc_warps: env_usize("MLXCEL_TC_WARPS").filter(|w| (1..=16).contains(w)),
-        tc_prefetch: std::env::var("MLXCEL_TC_PREFETCH").is_ok_and(|v| v == "1"),
-        tc_one_chain: std::env::var("MLXCEL_TC_CHAINS").is_ok_and(|v| v == "1"),
     })
 }
 
