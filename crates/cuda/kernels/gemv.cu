@@ -325,6 +325,34 @@ __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, 
   }
 }
 
+// Up to three dense products of one row of x (attention's q, k and v) in one launch: warp w of
+// the grid computes row w of the weights taken in turn (n2 may be 0).
+template <class X, class W>
+__device__ __forceinline__ void dgemv3(const void* x, const void* w0, void* y0, i64 n0, const void* w1, void* y1,
+                                       i64 n1, const void* w2, void* y2, i64 n2, int ydt, i64 k) {
+  i64 row = first_col(1);
+  const void* w = w0;
+  void* y = y0;
+  i64 n = n0;
+  if (row >= n0 + n1) { row -= n0 + n1; w = w2; y = y2; n = n2; }
+  else if (row >= n0) { row -= n0; w = w1; y = y1; n = n1; }
+  if (row >= n) return;
+  float acc[1] = {0.0f};
+  ddot<X, W, 1, 1>((const typename X::T*)x, 1, k, (const unsigned short*)w, row, n, acc);
+  const float v = warp_sum(acc[0]);
+  if ((threadIdx.x & 31) == 0) stf(y, ydt, row, v);
+}
+#define DGEMV3(XN, X, WN, W)                                                                                       \
+  extern "C" __global__ void dgemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
+                                                 void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,      \
+                                                 i64 k) {                                                          \
+    dgemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k);                                                  \
+  }
+#define DGEMV3_X(XN, X) DGEMV3(XN, X, f16, F16) DGEMV3(XN, X, bf16, BF16)
+DGEMV3_X(f32, F32)
+DGEMV3_X(f16, F16)
+DGEMV3_X(bf16, BF16)
+
 // y [P, n]: pair p (of `pairs` = tokens · top) applies expert ids[p] (of `experts` stacked
 // [experts · n, k] quantized weights) to its row of x (x_rows 1: the token's row; else row p):
 // the routed-expert product at decode, blockIdx.y the pair, no host round trip for the ids.

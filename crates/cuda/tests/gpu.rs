@@ -163,6 +163,32 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             });
         }
     }
+    // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
+    for (act, wdt) in [
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::BF16),
+        (DType::F32, DType::BF16),
+    ] {
+        let k = 72;
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[1, 1, k]);
+        let outs: Vec<_> = [(21u64, 40usize), (22, 8), (23, 8)]
+            .into_iter()
+            .map(|(seed, n)| {
+                let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &noise(seed, n * k)).unwrap());
+                b.matmul_t(x, w).unwrap()
+            })
+            .collect();
+        let graph = b.finish(&outs);
+        let out_dtype = graph.node(graph.outputs[0]).dtype;
+        cases.push(OpCase {
+            name: format!("fused dense q/k/v products {act} w{wdt}"),
+            graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+            inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(6, k)).unwrap()],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0); 3],
+        });
+    }
     let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -6,8 +6,9 @@
 //! - `silu(x·Gᵀ) · (x·Uᵀ)` (the gated MLP's gate, up, SiLU and product): one GEMV reading x once;
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
-//! - up to three one-row 4-bit products of the same x (attention's q, k and v): one tensor-core
-//!   GEMV launch over all their rows, so the narrow k and v products share the GPU with q.
+//! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
+//!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
+//!   share the GPU with q and a layer launches two kernels fewer.
 //!
 //! A fused kernel runs at the position of the pattern's last node (the anchor) and reads the
 //! pattern's outer inputs there, so the planner must keep those alive until the anchor: the
@@ -159,28 +160,51 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     use std::collections::HashMap;
     let eligible = |i: usize| -> bool {
         let node = &graph.nodes[i];
-        let Op::QuantizedMatMul { bits, group_size } = node.op else {
+        let product = matches!(node.op, Op::QuantizedMatMul { .. } | Op::MatMul { transpose_b: true });
+        // Weights must be parameters: an earlier product's own inputs are not kept alive until
+        // the anchor (x is the anchor's input too).
+        if !product || f.absorbed[i] || f.anchored[i].is_some() {
             return false;
-        };
+        }
+        let weights_resident = node.inputs[1..]
+            .iter()
+            .all(|&w| matches!(graph.node(w).op, Op::Parameter { .. }));
+        if !weights_resident {
+            return false;
+        }
         let x = graph.node(node.inputs[0]);
         let k = *x.shape.last().unwrap_or(&0);
         let n = *node.shape.last().unwrap_or(&0);
         let rows = x.shape.iter().product::<usize>() / k.max(1);
-        !f.absorbed[i]
-            && f.anchored[i].is_none()
-            && group_size % 32 == 0
-            && k.is_multiple_of(group_size)
-            && n.is_multiple_of(16)
-            && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
-            && super::launch::tc_gemv_kernel("qgemv", x.dtype, bits, rows, n, k).is_some()
+        match node.op {
+            Op::QuantizedMatMul { bits, group_size } => {
+                group_size % 32 == 0
+                    && k.is_multiple_of(group_size)
+                    && n.is_multiple_of(16)
+                    && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
+                    && super::launch::tc_gemv_kernel("qgemv", x.dtype, bits, rows, n, k).is_some()
+            }
+            // Dense 16-bit weights: the CUDA-core GEMV's inner loop, one row a warp.
+            Op::MatMul { transpose_b: true } => {
+                let w = graph.node(node.inputs[1]);
+                rows == 1
+                    && x.dtype.is_float()
+                    && k.is_multiple_of(8)
+                    && w.shape.len() == 2
+                    && matches!(w.dtype, DType::F16 | DType::BF16)
+            }
+            _ => false,
+        }
     };
+    // Products that may share a launch: same x, op, k, output dtype and weight (or scale) dtype.
     let key = |i: usize| {
         let node = &graph.nodes[i];
         let k = *graph.node(node.inputs[0]).shape.last().unwrap_or(&0);
+        let last = *node.inputs.last().expect("a product has inputs");
         (
             node.inputs[0],
             node.dtype,
-            graph.node(node.inputs[2]).dtype,
+            graph.node(last).dtype,
             format!("{:?}", node.op),
             k,
         )
@@ -337,6 +361,29 @@ mod tests {
                 assert!(matches!(f.anchored[wi], Some(Fused::RopeKvWrite { rope }) if rope == ri));
                 assert!(f.absorbed[ri]);
             }
+        }
+    }
+
+    #[test]
+    fn dense_products_of_one_x_share_a_launch() {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[1, 1, 24]);
+        let outs: Vec<NodeId> = [24usize, 8, 8]
+            .into_iter()
+            .map(|n| {
+                let w = b.parameter(
+                    "w",
+                    HostTensor::from_f32(DType::BF16, &[n, 24], &vec![0.5; n * 24]).unwrap(),
+                );
+                b.matmul_t(x, w).unwrap()
+            })
+            .collect();
+        let graph = b.finish(&outs);
+        let f = Fusion::find(&graph);
+        let (q, k, v) = (outs[0].index(), outs[1].index(), outs[2].index());
+        match &f.anchored[v] {
+            Some(Fused::Products { before }) => assert_eq!(before, &[q, k]),
+            other => panic!("expected fused dense products, got {other:?}"),
         }
     }
 }

@@ -983,9 +983,31 @@ pub(crate) fn fused(
             ];
             gpu.launch("rope_kv_write", blocks(sn.iter().product()), THREADS, 0, &args)
         }
+        Fused::Products { before } if matches!(node.op, Op::MatMul { .. }) => {
+            let x = graph.node(node.inputs[0]);
+            let k = *x.shape.last().unwrap();
+            let w = fsuffix(graph.node(node.inputs[1]).dtype)?;
+            let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
+            let total: usize = parts.iter().map(|&p| *graph.nodes[p].shape.last().unwrap()).sum();
+            let mut args = vec![Ptr(at(node.inputs[0].index()))];
+            for slot in 0..3 {
+                match parts.get(slot) {
+                    Some(&p) => args.extend([
+                        Ptr(at(input(p, 1))),
+                        Ptr(at(p)),
+                        I64(*graph.nodes[p].shape.last().unwrap() as i64),
+                    ]),
+                    None => args.extend([Ptr(0), Ptr(0), I64(0)]),
+                }
+            }
+            args.extend([I32(fcode(node.dtype)?), I64(k as i64)]);
+            let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
+            // One weight row a warp, four warps a block.
+            gpu.launch(name, total.div_ceil(4) as u32, 128, 0, &args)
+        }
         Fused::Products { before } => {
             let Op::QuantizedMatMul { bits, group_size } = node.op else {
-                unreachable!("Products anchors on a quantized product")
+                unreachable!("Products anchors on a product")
             };
             let x = graph.node(node.inputs[0]);
             let k = *x.shape.last().unwrap();
