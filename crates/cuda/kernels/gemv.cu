@@ -342,11 +342,11 @@ __device__ __forceinline__ void dgemv3(const void* x, const void* w0, void* y0, 
   const float v = warp_sum(acc[0]);
   if ((threadIdx.x & 31) == 0) stf(y, ydt, row, v);
 }
-#define DGEMV3(XN, X, WN, W)                                                                                       \
-  extern "C" __global__ void dgemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
-                                                 void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,      \
-                                                 i64 k) {                                                          \
-    dgemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k);                                                  \
+#define DGEMV3(XN, X, WN, W)                                                                                          \
+  extern "C" __global__ void dgemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,      \
+                                                 void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,         \
+                                                 i64 k) {                                                             \
+    dgemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k);                                                      \
   }
 #define DGEMV3_X(XN, X) DGEMV3(XN, X, f16, F16) DGEMV3(XN, X, bf16, BF16)
 DGEMV3_X(f32, F32)
@@ -389,15 +389,15 @@ __device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const un
 
 // The parameters of linalg.cu's gather_qmm, so one argument list launches either (x's dtype,
 // the pair count and the bit width are in the name and the grid here).
-#define GATHER_QGEMV(XN, X, BITS, R)                                                                                \
-  extern "C" __global__ void gather_qgemv_##XN##_##BITS##_1_##R(                                                   \
-      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,   \
-      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,          \
-      int tag) {                                                                                                  \
-    gather_qgemv<X, BITS, R>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
+#define GATHER_QGEMV(XN, X, BITS, R)                                                                                  \
+  extern "C" __global__ void gather_qgemv_##XN##_##BITS##_1_##R(                                                      \
+      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,      \
+      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,             \
+      int tag) {                                                                                                      \
+    gather_qgemv<X, BITS, R>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag);   \
   }
-#define GATHER_QGEMV_X(XN, X)                                                                                      \
-  GATHER_QGEMV(XN, X, 4, 1) GATHER_QGEMV(XN, X, 4, 2) GATHER_QGEMV(XN, X, 4, 4) GATHER_QGEMV(XN, X, 8, 1)          \
+#define GATHER_QGEMV_X(XN, X)                                                                                         \
+  GATHER_QGEMV(XN, X, 4, 1) GATHER_QGEMV(XN, X, 4, 2) GATHER_QGEMV(XN, X, 4, 4) GATHER_QGEMV(XN, X, 8, 1)             \
       GATHER_QGEMV(XN, X, 8, 2) GATHER_QGEMV(XN, X, 8, 4)
 GATHER_QGEMV_X(f32, F32)
 GATHER_QGEMV_X(f16, F16)
@@ -405,34 +405,34 @@ GATHER_QGEMV_X(bf16, BF16)
 
 // Entry points `{family}_{x}_{variant}_{MR}_{R}`: qgemv/qglu (variant = bits), dgemv/dglu
 // (variant = weight dtype); (MR, R) in {(1, 1), (1, 2), (1, 4), (8, 1)}.
-#define QGEMV(XN, X, BITS, MR, R)                                                                                 \
-  extern "C" __global__ void qgemv_##XN##_##BITS##_##MR##_##R(const void* x, int m, const unsigned* w,            \
-                                                              const void* s, const void* z, int sdt, void* y,     \
-                                                              int ydt, i64 n, i64 k, int group) {                 \
-    qgemv<X, BITS, MR, R>(x, m, w, s, z, sdt, y, ydt, n, k, group);                                               \
-  }                                                                                                               \
-  extern "C" __global__ void qglu_##XN##_##BITS##_##MR##_##R(                                                     \
-      const void* x, int m, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su, \
-      const void* zu, int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {                 \
-    qgemv_glu<X, BITS, MR, R>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, silu_dt, n, k, group);              \
+#define QGEMV(XN, X, BITS, MR, R)                                                                                     \
+  extern "C" __global__ void qgemv_##XN##_##BITS##_##MR##_##R(const void* x, int m, const unsigned* w,                \
+                                                              const void* s, const void* z, int sdt, void* y,         \
+                                                              int ydt, i64 n, i64 k, int group) {                     \
+    qgemv<X, BITS, MR, R>(x, m, w, s, z, sdt, y, ydt, n, k, group);                                                   \
+  }                                                                                                                   \
+  extern "C" __global__ void qglu_##XN##_##BITS##_##MR##_##R(                                                         \
+      const void* x, int m, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,   \
+      const void* zu, int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {                     \
+    qgemv_glu<X, BITS, MR, R>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, silu_dt, n, k, group);                  \
   }
-#define QGEMV_SHAPES(XN, X, BITS) \
+#define QGEMV_SHAPES(XN, X, BITS)                                                                                     \
   QGEMV(XN, X, BITS, 1, 1) QGEMV(XN, X, BITS, 1, 2) QGEMV(XN, X, BITS, 1, 4) QGEMV(XN, X, BITS, 8, 1)
 #define QGEMV_X(XN, X) QGEMV_SHAPES(XN, X, 4) QGEMV_SHAPES(XN, X, 8)
 QGEMV_X(f32, F32)
 QGEMV_X(f16, F16)
 QGEMV_X(bf16, BF16)
 
-#define DGEMV(XN, X, WN, W, MR, R)                                                                                \
-  extern "C" __global__ void dgemv_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* w, void* y, int ydt, \
-                                                            i64 n, i64 k) {                                       \
-    dgemv<X, W, MR, R>(x, m, w, y, ydt, n, k);                                                                    \
-  }                                                                                                               \
-  extern "C" __global__ void dglu_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* wg, const void* wu,  \
-                                                           void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k) { \
-    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, silu_dt, n, k);                                             \
+#define DGEMV(XN, X, WN, W, MR, R)                                                                                    \
+  extern "C" __global__ void dgemv_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* w, void* y, int ydt,    \
+                                                            i64 n, i64 k) {                                           \
+    dgemv<X, W, MR, R>(x, m, w, y, ydt, n, k);                                                                        \
+  }                                                                                                                   \
+  extern "C" __global__ void dglu_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* wg, const void* wu,      \
+                                                           void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k) {    \
+    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, silu_dt, n, k);                                                 \
   }
-#define DGEMV_SHAPES(XN, X, WN, W) \
+#define DGEMV_SHAPES(XN, X, WN, W)                                                                                    \
   DGEMV(XN, X, WN, W, 1, 1) DGEMV(XN, X, WN, W, 1, 2) DGEMV(XN, X, WN, W, 1, 4) DGEMV(XN, X, WN, W, 8, 1)
 #define DGEMV_X(XN, X) DGEMV_SHAPES(XN, X, f16, F16) DGEMV_SHAPES(XN, X, bf16, BF16)
 DGEMV_X(f32, F32)
@@ -603,51 +603,51 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
 // 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes.
-#define TC_QGEMV3(XN, X)                                                                                 \
-  extern "C" __global__ void tc_qgemv3_##XN##_4(                                                                 \
-      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,    \
-      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,       \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group) {                                                     \
-    i64 row0 = (i64)blockIdx.x * 16;                                                                              \
-    const unsigned* w = w0;                                                                                       \
-    const void *s = s0, *z = z0;                                                                                  \
-    void* y = y0;                                                                                                 \
-    i64 n = n0;                                                                                                   \
-    if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                              \
-    else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                   \
-    float out[1];                                                                                                 \
-    tc_qdot<X, 1>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                    \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                      \
+#define TC_QGEMV3(XN, X)                                                                                              \
+  extern "C" __global__ void tc_qgemv3_##XN##_4(                                                                      \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group) {                                                         \
+    i64 row0 = (i64)blockIdx.x * 16;                                                                                  \
+    const unsigned* w = w0;                                                                                           \
+    const void *s = s0, *z = z0;                                                                                      \
+    void* y = y0;                                                                                                     \
+    i64 n = n0;                                                                                                       \
+    if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                                 \
+    else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                      \
+    float out[1];                                                                                                     \
+    tc_qdot<X, 1>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                        \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
   }
 TC_QGEMV3(f16, F16)
 TC_QGEMV3(bf16, BF16)
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes).
-#define TC_QGEMV(XN, X)                                                                                  \
-  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,             \
-                                               const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
-                                               int group) {                                                       \
-    const unsigned* ws[1] = {w};                                                                                  \
-    const void* ss[1] = {s};                                                                                      \
-    const void* zs[1] = {z};                                                                                      \
-    float out[1];                                                                                            \
-    const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
-  }                                                                                                               \
-  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,            \
-                                              const void* zg, const unsigned* wu, const void* su, const void* zu, \
-                                              int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,      \
-                                              int group) {                                                        \
-    const unsigned* ws[2] = {wg, wu};                                                                             \
-    const void* ss[2] = {sg, su};                                                                                 \
-    const void* zs[2] = {zg, zu};                                                                                 \
-    float out[2];                                                                                            \
-    const i64 row0 = (i64)blockIdx.x * 16;                                                                        \
-    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                    \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                               \
-      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                     \
+#define TC_QGEMV(XN, X)                                                                                               \
+  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,                  \
+                                               const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
+                                               int group) {                                                           \
+    const unsigned* ws[1] = {w};                                                                                      \
+    const void* ss[1] = {s};                                                                                          \
+    const void* zs[1] = {z};                                                                                          \
+    float out[1];                                                                                                     \
+    const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
+    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                        \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
+  }                                                                                                                   \
+  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,                 \
+                                              const void* zg, const unsigned* wu, const void* su, const void* zu,     \
+                                              int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,          \
+                                              int group) {                                                            \
+    const unsigned* ws[2] = {wg, wu};                                                                                 \
+    const void* ss[2] = {sg, su};                                                                                     \
+    const void* zs[2] = {zg, zu};                                                                                     \
+    float out[2];                                                                                                     \
+    const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
+    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                        \
+    if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                   \
+      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                         \
   }
 TC_QGEMV(f16, F16)
 TC_QGEMV(bf16, BF16)
@@ -676,12 +676,12 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   tc_qdot<X, 1>(xrow, &we, &se, &ze, sdt, row0, n, k, group, out);
   if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
 }
-#define TC_GATHER(XN, X)                                                                                 \
-  extern "C" __global__ void tc_gather_qgemv_##XN##_4(                                                      \
-      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,  \
-      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,         \
-      int tag) {                                                                                                  \
-    tc_gather_qgemv<X>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag); \
+#define TC_GATHER(XN, X)                                                                                              \
+  extern "C" __global__ void tc_gather_qgemv_##XN##_4(                                                                \
+      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,      \
+      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error,             \
+      int tag) {                                                                                                      \
+    tc_gather_qgemv<X>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag);         \
   }
 TC_GATHER(f16, F16)
 TC_GATHER(bf16, BF16)
