@@ -24,4 +24,4 @@ bench moe qwen3-30b-a3b-4bit
 bench moe-bf16 qwen3-30b-a3b-4bit MLXCEL_DTYPE=bf16
 bench gemma gemma3-1b-4bit
 MLXCEL_CUDA_PROFILE=1 timeout 60 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda -p 8 -g 16 -r 1 > $OUT/llama-profile.txt 2>&1
-grep -A16 "graph 2:" $OUT/llama-profile.txt | head -17
+grep -A16 "graph 1:" $OUT/llama-profile.txt | head -17
