@@ -5,6 +5,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{Graph, Node, NodeId};
 use crate::op::Op;
+use crate::tensor::HostTensor;
 
 pub struct Pass {
     pub name: &'static str,
@@ -21,6 +22,10 @@ pub fn default_passes() -> Vec<Pass> {
         Pass {
             name: "fold_constant_astype",
             run: fold_constant_astype,
+        },
+        Pass {
+            name: "fold_constant_broadcast",
+            run: fold_constant_broadcast,
         },
         Pass {
             name: "transpose_as_reshape",
@@ -152,6 +157,49 @@ pub fn fold_constant_astype(graph: &Graph) -> Result<Graph> {
             ..node.clone()
         })
     }))
+}
+
+/// Largest broadcast of a constant that [`fold_constant_broadcast`] materializes.
+pub const FOLD_BROADCAST_BYTES: usize = 64 << 10;
+
+/// Replaces `Broadcast(constant)` with the broadcast constant when it is small (at most
+/// [`FOLD_BROADCAST_BYTES`]): made once here instead of by a kernel every step (the MoE
+/// router's reversed expert ids, for one).
+pub fn fold_constant_broadcast(graph: &Graph) -> Result<Graph> {
+    let mut failed = None;
+    let g = rewrite(graph, |g, _, node| {
+        if !matches!(node.op, Op::Broadcast)
+            || crate::tensor::numel(&node.shape) * node.dtype.size() > FOLD_BROADCAST_BYTES
+        {
+            return Action::Keep(node.clone());
+        }
+        // The builder reshapes a lower-rank operand to the output's rank first.
+        let mut src = g.node(node.inputs[0]);
+        while matches!(src.op, Op::Reshape) {
+            src = g.node(src.inputs[0]);
+        }
+        let Op::Constant { data } = &src.op else {
+            return Action::Keep(node.clone());
+        };
+        let from = &g.node(node.inputs[0]).shape;
+        let data = HostTensor::from_bytes(data.dtype, from.clone(), data.data.clone())
+            .and_then(|d| d.broadcast_to(&node.shape));
+        match data {
+            Ok(data) => Action::Keep(Node {
+                op: Op::Constant { data },
+                inputs: vec![],
+                ..node.clone()
+            }),
+            Err(e) => {
+                failed = Some(e);
+                Action::Keep(node.clone())
+            }
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(g),
+    }
 }
 
 /// Removes nodes that no output depends on. Inputs and states stay: they are the graph's

@@ -237,6 +237,36 @@ pub fn convert_elements(from: DType, src: &[u8], to: DType, dst: &mut [u8]) {
 }
 
 impl HostTensor {
+    /// This tensor repeated along its axes of length 1 to `shape` (same rank; every other
+    /// axis equal), as a broadcast reads it.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<HostTensor> {
+        let rank = shape.len();
+        if self.shape.len() != rank || self.shape.iter().zip(shape).any(|(&h, &s)| h != s && h != 1) {
+            return Err(crate::error::shape_err(
+                "broadcast",
+                format!("cannot broadcast {:?} to {shape:?}", self.shape),
+            ));
+        }
+        let size = self.dtype.size();
+        let mut strides = vec![0; rank];
+        let mut step = 1;
+        for a in (0..rank).rev() {
+            strides[a] = if self.shape[a] == 1 { 0 } else { step };
+            step *= self.shape[a];
+        }
+        let (src, n) = (self.bytes(), numel(shape));
+        let mut out = vec![0u8; n * size];
+        for (i, dst) in out.chunks_exact_mut(size).enumerate() {
+            let (mut rest, mut at) = (i, 0);
+            for a in (0..rank).rev() {
+                at += (rest % shape[a]) * strides[a];
+                rest /= shape[a];
+            }
+            dst.copy_from_slice(&src[at * size..(at + 1) * size]);
+        }
+        HostTensor::from_bytes(self.dtype, shape.to_vec(), Storage::from_vec(out))
+    }
+
     /// This tensor converted to `dtype` by [`convert_elements`].
     pub fn convert(&self, dtype: DType) -> HostTensor {
         if dtype == self.dtype {

@@ -1,6 +1,8 @@
 //! Structure of the first passes (their numerical identity is checked on the CPU backend).
 
-use mlxcel_core::passes::{dead_node_elimination, fold_constant_astype, remove_noop_astype};
+use mlxcel_core::passes::{
+    dead_node_elimination, fold_constant_astype, fold_constant_broadcast, remove_noop_astype, FOLD_BROADCAST_BYTES,
+};
 use mlxcel_core::{DType, Graph, GraphBuilder, HostTensor, Node, NodeId, Op};
 
 fn count(g: &Graph, name: &str) -> usize {
@@ -51,6 +53,42 @@ fn casts_of_constants_fold_into_the_constant() {
     };
     assert_eq!(data.dtype, DType::BF16);
     assert_eq!(data.to_f32_vec(), vec![1.0, 2.5, -3.0]);
+}
+
+#[test]
+fn small_broadcasts_of_constants_fold_into_the_constant() {
+    let mut b = GraphBuilder::default();
+    // [2, 1, 3] → [2, 2, 3]: rows repeat along the middle axis.
+    let c = b.constant(HostTensor::from_slice(&[2, 1, 3], &[1u32, 2, 3, 4, 5, 6]).unwrap());
+    let y = b.broadcast_to(c, &[2, 2, 3]).unwrap();
+    let g = b.finish(&[y]);
+    let out = dead_node_elimination(&fold_constant_broadcast(&g).unwrap()).unwrap();
+    assert_eq!(out.nodes.len(), 1);
+    let Op::Constant { data } = &out.nodes[0].op else {
+        panic!("expected a constant")
+    };
+    assert_eq!(data.shape, vec![2, 2, 3]);
+    assert_eq!(data.to_vec::<u32>().unwrap(), [1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6]);
+
+    // A scalar (reshaped to rank 2 by the builder first) folds the same way.
+    let mut b = GraphBuilder::default();
+    let c = b.constant(HostTensor::from_slice(&[], &[9u32]).unwrap());
+    let y = b.broadcast_to(c, &[2, 3]).unwrap();
+    let g = b.finish(&[y]);
+    let out = dead_node_elimination(&fold_constant_broadcast(&g).unwrap()).unwrap();
+    assert_eq!(count(&out, "broadcast"), 0);
+    let Op::Constant { data } = &out.node(out.outputs[0]).op else {
+        panic!("expected a constant")
+    };
+    assert_eq!(data.to_vec::<u32>().unwrap(), [9; 6]);
+
+    // Past the size limit the broadcast stays a node (a kernel, not a stored tensor).
+    let mut b = GraphBuilder::default();
+    let c = b.constant(HostTensor::from_slice(&[1, 1], &[7u32]).unwrap());
+    let big = FOLD_BROADCAST_BYTES / 4 + 1;
+    let y = b.broadcast_to(c, &[1, big]).unwrap();
+    let g = b.finish(&[y]);
+    assert_eq!(count(&fold_constant_broadcast(&g).unwrap(), "broadcast"), 1);
 }
 
 #[test]

@@ -460,4 +460,23 @@ mod tests {
         };
         assert!(e.to_string().contains("mlp.gate.weight: expected shape [4, 8]"), "{e}");
     }
+
+    #[test]
+    fn the_reversed_expert_ids_are_a_constant_after_the_passes() {
+        // HighestIndex flips the expert axis with a broadcast constant: the passes fold it,
+        // so no kernel rebuilds it every step.
+        let mut b = mlxcel_core::GraphBuilder::default();
+        let probs = b.input("probs", DType::F32, &[1, 1, 8]);
+        let (ids, p) = top_experts(&mut b, probs, 2, TieBreak::HighestIndex).unwrap();
+        let g = b.finish(&[ids, p]);
+        let count = |g: &mlxcel_core::Graph| {
+            g.nodes
+                .iter()
+                .filter(|n| matches!(n.op, mlxcel_core::Op::Broadcast))
+                .count()
+        };
+        assert_eq!(count(&g), 1);
+        let g = mlxcel_core::passes::run_passes(&g, &mlxcel_core::passes::default_passes()).unwrap();
+        assert_eq!(count(&g), 0);
+    }
 }
