@@ -292,6 +292,14 @@ fn graph_only(
     crate::trace::write_dot(&graph, global)?;
     let s = stats::stats(&graph);
     crate::trace::print_graph(&format!("decode step of {what}, cache {capacity}"), &s);
+    // On CUDA, the kernels the step launches after fusion (known without a GPU; a build
+    // without the cuda feature has no fusion to ask, so it reports none).
+    let launches = (device == "cuda")
+        .then(|| mlxcel_cuda::CudaBackend::launches_per_run(&graph).ok())
+        .flatten();
+    if let Some(n) = launches {
+        eprintln!("mlxcel: decode step on cuda: {n} kernel launches after fusion");
+    }
     eprintln!(
         "{}",
         crate::trace::summary(s.astype.len(), s.nodes, dtype.policy, device)
@@ -299,6 +307,7 @@ fn graph_only(
     if a.json {
         let obj = serde_json::json!({
             "model": what, "device": device, "astype_per_step": s.astype.len(), "nodes_per_step": s.nodes,
+            "launches_per_step": launches,
             "dtype_policy": dtype.policy, "activation_dtype": dtype.activations.short(),
             "tensor_dtype": plan.tensors.map(|d| d.short()),
             "astype": s.astype_breakdown().iter().map(|g| g.to_string()).collect::<Vec<_>>(),

@@ -117,6 +117,33 @@ fn bench_prints_a_table_and_keeps_the_old_flag_spellings() {
 }
 
 #[test]
+fn graph_only_on_cuda_counts_the_launches_after_fusion() {
+    let args = ["bench", "--preset", TINY, "--graph-only", "--device", "cuda", "--json"];
+    let fused = json(&args);
+    if !cfg!(feature = "cuda") {
+        assert!(
+            fused["launches_per_step"].is_null(),
+            "no fusion to ask without CUDA: {fused}"
+        );
+        return;
+    }
+    let nodes = fused["nodes_per_step"].as_u64().unwrap();
+    let launches = fused["launches_per_step"].as_u64().expect("launches_per_step");
+    assert!(launches > 0 && launches < nodes, "{fused}");
+    // Without fusion every computing node launches on its own.
+    let o = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+        .args(args)
+        .env("MLXCEL_CUDA_FUSE", "0")
+        .output()
+        .unwrap();
+    let plain: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        plain["launches_per_step"].as_u64().unwrap() > launches,
+        "{plain} vs {fused}"
+    );
+}
+
+#[test]
 fn bad_bench_flags_are_one_clear_error() {
     fails_with(&["bench", "--preset", TINY, "-p", "0"], "-p/--prompt 0");
     fails_with(&["bench", "--preset", TINY, "-g", "0"], "-g/--gen 0");

@@ -75,6 +75,22 @@ impl CudaBackend {
         }
     }
 
+    /// Kernel launches one run of `graph` makes on CUDA (a node each, fused patterns once,
+    /// aliases none), as `MLXCEL_CUDA_PROFILE` counts them; needs no GPU.
+    pub fn launches_per_run(graph: &mlxcel_core::Graph) -> Result<usize> {
+        #[cfg(feature = "cuda")]
+        {
+            Ok(device::launches_per_run(graph))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = graph;
+            Err(Error::Backend(
+                "mlxcel was not compiled with CUDA support (build with --features cuda)".into(),
+            ))
+        }
+    }
+
     /// Compiles every kernel to PTX for `arch` (e.g. `sm_90`) without a GPU: what CI checks.
     pub fn compile_kernels(arch: &'static str) -> Result<usize> {
         #[cfg(feature = "cuda")]

@@ -36,6 +36,23 @@ pub fn compile_ptx(arch: &'static str) -> Result<String> {
     Ok(ptx.to_src())
 }
 
+/// Launches one run of `graph` makes (see `CudaBackend::launches_per_run`): what `run_nodes`
+/// launches, without a device.
+pub fn launches_per_run(graph: &Graph) -> usize {
+    let fusion = fuse::Fusion::find(graph);
+    graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, node)| {
+            !matches!(
+                node.op,
+                Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape | Op::Input { .. }
+            ) && !fusion.absorbed[*i]
+        })
+        .count()
+}
+
 /// The cache file name of the kernels' PTX for `arch` under driver version `driver`.
 pub fn cache_name(arch: &str, driver: i32) -> String {
     format!(
