@@ -241,17 +241,19 @@ __device__ __forceinline__ void qgemv(const void* x, int m, const unsigned* w, c
   }
 }
 
-// silu(g) · u for products rounded to gdt, the SiLU rounded to silu_dt (as the plain graph stores them).
-__device__ __forceinline__ float glu_out(float g, float u, int gdt, int silu_dt) {
+// act(g) · u for products rounded to gdt: `act` packs the activation's dtype code (low byte)
+// and its unary_op code (elementwise.cu; SiLU 8, GELU 9, GELU-tanh 10) above it, and the
+// activation is rounded to that dtype, as the plain graph stores it.
+__device__ __forceinline__ float glu_out(float g, float u, int gdt, int act) {
   const float a = round_to(g, gdt), b = round_to(u, gdt);
-  return round_to(a / (1.0f + expf(-a)), silu_dt) * b;
+  return round_to(unary_op(act >> 8, a, 0.0f), act & 0xff) * b;
 }
 
-// y = silu(x·Gᵀ) · (x·Uᵀ) for two quantized weights of one shape.
+// y = act(x·Gᵀ) · (x·Uᵀ) for two quantized weights of one shape (see glu_out).
 template <class X, int BITS, int MR, int R>
 __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* wg, const void* sg, const void* zg,
                                           const unsigned* wu, const void* su, const void* zu, int sdt, void* y,
-                                          int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {
+                                          int ydt, int gdt, int act, i64 n, i64 k, int group) {
   const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
@@ -271,7 +273,7 @@ __device__ __forceinline__ void qgemv_glu(const void* x, int m, const unsigned* 
     if (r >= m) break;
 #pragma unroll
     for (int c = 0; c < R; c++) {
-      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, silu_dt);
+      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, act);
       if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, out);
     }
   }
@@ -300,7 +302,7 @@ __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void*
 
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, const void* wu, void* y, int ydt,
-                                          int gdt, int silu_dt, i64 n, i64 k) {
+                                          int gdt, int act, i64 n, i64 k) {
   const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
@@ -319,7 +321,7 @@ __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, 
     if (r >= m) break;
 #pragma unroll
     for (int c = 0; c < R; c++) {
-      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, silu_dt);
+      const float out = glu_out(warp_sum(g[r * R + c]), warp_sum(u[r * R + c]), gdt, act);
       if ((threadIdx.x & 31) == 0 && col0 + c < n) stf(y, ydt, r * n + col0 + c, out);
     }
   }
@@ -413,8 +415,8 @@ GATHER_QGEMV_X(bf16, BF16)
   }                                                                                                                   \
   extern "C" __global__ void qglu_##XN##_##BITS##_##MR##_##R(                                                         \
       const void* x, int m, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,   \
-      const void* zu, int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k, int group) {                     \
-    qgemv_glu<X, BITS, MR, R>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, silu_dt, n, k, group);                  \
+      const void* zu, int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k, int group) {                     \
+    qgemv_glu<X, BITS, MR, R>(x, m, wg, sg, zg, wu, su, zu, sdt, y, ydt, gdt, act, n, k, group);                  \
   }
 #define QGEMV_SHAPES(XN, X, BITS)                                                                                     \
   QGEMV(XN, X, BITS, 1, 1) QGEMV(XN, X, BITS, 1, 2) QGEMV(XN, X, BITS, 1, 4) QGEMV(XN, X, BITS, 8, 1)
@@ -429,8 +431,8 @@ QGEMV_X(bf16, BF16)
     dgemv<X, W, MR, R>(x, m, w, y, ydt, n, k);                                                                        \
   }                                                                                                                   \
   extern "C" __global__ void dglu_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* wg, const void* wu,      \
-                                                           void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k) {    \
-    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, silu_dt, n, k);                                                 \
+                                                           void* y, int ydt, int gdt, int act, i64 n, i64 k) {    \
+    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, act, n, k);                                                 \
   }
 #define DGEMV_SHAPES(XN, X, WN, W)                                                                                    \
   DGEMV(XN, X, WN, W, 1, 1) DGEMV(XN, X, WN, W, 1, 2) DGEMV(XN, X, WN, W, 1, 4) DGEMV(XN, X, WN, W, 8, 1)
@@ -638,7 +640,7 @@ TC_QGEMV3(bf16, BF16)
   }                                                                                                                   \
   extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,                 \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu,     \
-                                              int sdt, void* y, int ydt, int gdt, int silu_dt, i64 n, i64 k,          \
+                                              int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k,          \
                                               int group) {                                                            \
     const unsigned* ws[2] = {wg, wu};                                                                                 \
     const void* ss[2] = {sg, su};                                                                                     \
@@ -647,7 +649,7 @@ TC_QGEMV3(bf16, BF16)
     const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
     tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                        \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                   \
-      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, silu_dt));                                         \
+      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                         \
   }
 TC_QGEMV(f16, F16)
 TC_QGEMV(bf16, BF16)

@@ -133,6 +133,42 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             }
         }
     }
+    // Gemma's GELU (tanh) gated MLP through the same fused kernels: 4-bit (CUDA cores, k not a
+    // multiple of 256; tensor cores) and dense, one row.
+    for (act, wdt, bits, k) in [
+        (DType::BF16, DType::BF16, 4u32, 192usize),
+        (DType::F16, DType::F16, 4, 256),
+        (DType::BF16, DType::BF16, 0, 192),
+    ] {
+        let n = 48;
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[1, 1, k]);
+        let proj = |b: &mut GraphBuilder, seed: u64| {
+            let w = noise(seed, n * k);
+            if bits == 0 {
+                let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &w).unwrap());
+                return b.matmul_t(x, w).unwrap();
+            }
+            let q = mlxcel_core::quant::quantize(&w, n, k, bits, 64);
+            let packed = b.parameter("q", HostTensor::from_slice(&[n, k / 8], &q.packed).unwrap());
+            let sc = b.parameter("s", HostTensor::from_f32(wdt, &[n, k / 64], &q.scales).unwrap());
+            let bi = b.parameter("z", HostTensor::from_f32(wdt, &[n, k / 64], &q.biases).unwrap());
+            b.quantized_matmul(x, packed, sc, bi, bits, 64).unwrap()
+        };
+        let g = proj(&mut b, 31);
+        let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
+        let u = proj(&mut b, 32);
+        let y = b.mul(g, u).unwrap();
+        let graph = b.finish(&[y]);
+        let out_dtype = graph.node(graph.outputs[0]).dtype;
+        cases.push(OpCase {
+            name: format!("fused gelu glu {act} w{wdt} bits {bits} k {k}"),
+            graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+            inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(7, k)).unwrap()],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0)],
+        });
+    }
     // Attention's q, k and v: three 4-bit products of one x, launched as one (widths of two
     // sizes, k past one chunk, group 32); the first also read early in the second variant,
     // which keeps it apart.

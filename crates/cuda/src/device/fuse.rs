@@ -3,7 +3,8 @@
 //! and the reference agree on meaning); the fused kernels round each intermediate to the dtype
 //! the plain graph stores it in, so results match the unfused kernels.
 //!
-//! - `silu(x·Gᵀ) · (x·Uᵀ)` (the gated MLP's gate, up, SiLU and product): one GEMV reading x once;
+//! - `act(x·Gᵀ) · (x·Uᵀ)` with act SiLU or GELU (the gated MLP's gate, up, activation and
+//!   product): one GEMV reading x once;
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
@@ -21,7 +22,7 @@ use super::launch::GEMV_ROWS;
 #[derive(Clone, Debug)]
 pub enum Fused {
     /// Anchor = the product; `g`/`u` the gate and up matrix products over the same `x`.
-    Glu { x: NodeId, g: usize, u: usize, silu: usize },
+    Glu { x: NodeId, g: usize, u: usize, act: usize },
     /// Anchor = the norm; `add` is the residual sum it normalizes (also written).
     AddRmsNorm { add: usize },
     /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
@@ -69,14 +70,15 @@ impl Fusion {
             match &node.op {
                 Op::Binary(BinaryOp::Mul) => {
                     let (a, b) = (node.inputs[0].index(), node.inputs[1].index());
-                    let glu = |silu: usize, u: usize| -> Option<Fused> {
-                        let Op::Unary(UnaryOp::Silu) = graph.nodes[silu].op else {
+                    let glu = |act: usize, u: usize| -> Option<Fused> {
+                        let Op::Unary(UnaryOp::Silu | UnaryOp::GeluTanh | UnaryOp::GeluErf) = graph.nodes[act].op
+                        else {
                             return None;
                         };
-                        let g = graph.nodes[silu].inputs[0].index();
-                        let ok = only_for(silu, i)
+                        let g = graph.nodes[act].inputs[0].index();
+                        let ok = only_for(act, i)
                             && only_for(u, i)
-                            && only_for(g, silu)
+                            && only_for(g, act)
                             && glu_pair(graph, g, u)
                             && !f.absorbed[g]
                             && !f.absorbed[u];
@@ -84,14 +86,14 @@ impl Fusion {
                             x: graph.nodes[g].inputs[0],
                             g,
                             u,
-                            silu,
+                            act,
                         })
                     };
                     if let Some(fused) = glu(a, b).or_else(|| glu(b, a)) {
-                        if let Fused::Glu { g, u, silu, .. } = fused {
+                        if let Fused::Glu { g, u, act, .. } = fused {
                             f.absorbed[g] = true;
                             f.absorbed[u] = true;
-                            f.absorbed[silu] = true;
+                            f.absorbed[act] = true;
                         }
                         f.anchored[i] = Some(fused);
                     }
@@ -384,6 +386,26 @@ mod tests {
         match &f.anchored[v] {
             Some(Fused::Products { before }) => assert_eq!(before, &[q, k]),
             other => panic!("expected fused dense products, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gelu_gated_mlp_is_one_kernel_like_a_silu_one() {
+        for act in [UnaryOp::Silu, UnaryOp::GeluTanh, UnaryOp::GeluErf] {
+            let mut b = GraphBuilder::default();
+            let x = b.input("x", DType::BF16, &[1, 1, 16]);
+            let mut proj = || b.parameter("w", HostTensor::from_f32(DType::BF16, &[8, 16], &[0.25; 128]).unwrap());
+            let (wg, wu) = (proj(), proj());
+            let g = b.matmul_t(x, wg).unwrap();
+            let a = b.unary(act, g).unwrap();
+            let u = b.matmul_t(x, wu).unwrap();
+            let y = b.mul(a, u).unwrap();
+            let graph = b.finish(&[y]);
+            let f = Fusion::find(&graph);
+            assert!(
+                matches!(f.anchored[y.index()], Some(Fused::Glu { act: n, .. }) if n == a.index()),
+                "{act:?}"
+            );
         }
     }
 }

@@ -86,6 +86,14 @@ fn unary_code(u: UnaryOp) -> (i32, f32) {
     }
 }
 
+/// The unary code of a GLU's activation node.
+fn act_code(op: &Op) -> i32 {
+    match op {
+        Op::Unary(u) => unary_code(*u).0,
+        _ => unreachable!("a GLU's activation is a unary op"),
+    }
+}
+
 fn binary_code(b: BinaryOp) -> i32 {
     match b {
         BinaryOp::Add => 0,
@@ -878,7 +886,7 @@ pub(crate) fn fused(
     let node = &graph.nodes[i];
     let input = |j: usize, k: usize| graph.nodes[j].inputs[k].index();
     match f {
-        Fused::Glu { x, g, u, silu } => {
+        Fused::Glu { x, g, u, act } => {
             let ng = &graph.nodes[*g];
             let xs = &graph.node(*x).shape;
             let k = *xs.last().unwrap();
@@ -887,7 +895,8 @@ pub(crate) fn fused(
             let codes = [
                 I32(fcode(node.dtype)?),
                 I32(fcode(ng.dtype)?),
-                I32(fcode(graph.nodes[*silu].dtype)?),
+                // The activation's dtype and, above it, its unary code (gemv.cu, glu_out).
+                I32(fcode(graph.nodes[*act].dtype)? | (act_code(&graph.nodes[*act].op) << 8)),
             ];
             let xdt = graph.node(*x).dtype;
             match ng.op {

@@ -111,7 +111,7 @@ impl Profiler {
 pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     let node = &graph.nodes[i];
     match fused {
-        Some(Fused::Glu { g, .. }) => return format!("fused gate·up+silu·mul ({})", family(graph, *g, None)),
+        Some(Fused::Glu { g, .. }) => return format!("fused gate·up+act·mul ({})", family(graph, *g, None)),
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
         Some(Fused::Products { before }) => {
