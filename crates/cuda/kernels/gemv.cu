@@ -497,18 +497,18 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
   const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
   const i64 wrow = k / 8, groups = k / group, chunks = k / 256;
   uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
-  auto fetch = [&](uint4 (*dst)[2][2], i64 c) {
+  auto fetch = [&](i64 c) {  // chunk c's words into q
 #pragma unroll
     for (int m = 0; m < NM; m++) {
       const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
       const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
-      dst[m][0][0] = __ldcs(pa + t);
-      dst[m][0][1] = __ldcs(pa + t + 4);
-      dst[m][1][0] = __ldcs(pb + t);
-      dst[m][1][1] = __ldcs(pb + t + 4);
+      q[m][0][0] = __ldcs(pa + t);
+      q[m][0][1] = __ldcs(pa + t + 4);
+      q[m][1][0] = __ldcs(pb + t);
+      q[m][1][1] = __ldcs(pb + t + 4);
     }
   };
-  if (warp < chunks) fetch(q, warp);
+  if (warp < chunks) fetch(warp);
   for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll
@@ -528,7 +528,6 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   for (i64 c = warp; c < chunks; c += warps) {
-    const bool more = c + warps < chunks;
     // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b.
     const i64 run = c * 8 + 2 * t;
     const i64 g0 = run * 32 / group, g1 = (run + 1) * 32 / group;
@@ -579,7 +578,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
       acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
       acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
     }
-    if (more) fetch(q, c + warps);
+    if (c + warps < chunks) fetch(c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
 #pragma unroll

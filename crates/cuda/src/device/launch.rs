@@ -609,14 +609,8 @@ pub fn node(
             scale,
         } => {
             let s = &node.shape;
-            let args = [
-                Ptr(ptr(0)),
-                I32(fcode(node.dtype)?),
-                Ptr(ptr(1)),
-                I32(icode(input(1).dtype)?),
-                I32(i32::from(input(1).shape.len() == 2)),
-                Ptr(ptr(2)),
-                I32(fcode(input(2).dtype)?),
+            let mut args = rope_inputs(graph, i, &ptr)?;
+            args.extend([
                 Ptr(out),
                 I64(s[0] as i64),
                 I64(s[1] as i64),
@@ -625,7 +619,7 @@ pub fn node(
                 I64(*dims as i64),
                 I32(i32::from(*interleaved)),
                 F32(*scale),
-            ];
+            ]);
             gpu.launch("rope", blocks(n), THREADS, 0, &args)
         }
         Op::Attention {
@@ -696,22 +690,9 @@ pub fn node(
             gpu.launch("attention", rows as u32, 128, (sk[2] * 4) as u32, &args)
         }
         Op::KvWrite => {
-            let (sc, sn) = (&node.shape, &input(1).shape);
-            let args = [
-                Ptr(out),
-                Ptr(ptr(1)),
-                I32(node.dtype.size() as i32),
-                Ptr(ptr(2)),
-                I32(icode(input(2).dtype)?),
-                I32(input(2).shape.iter().product::<usize>() as i32),
-                I64(sc[0] as i64),
-                I64(sc[1] as i64),
-                I64(sc[2] as i64),
-                I64(sn[2] as i64),
-                I64(sc[3] as i64),
-                Ptr(error),
-                I32(tag),
-            ];
+            let sn = &input(1).shape;
+            let mut args = vec![Ptr(out), Ptr(ptr(1)), I32(node.dtype.size() as i32)];
+            args.extend(cache_write_place(graph, i, sn, ptr(2), error, tag)?);
             gpu.launch("kv_write", blocks(sn.iter().product()), THREADS, 0, &args)
         }
         Op::Gather => {
@@ -965,88 +946,93 @@ pub(crate) fn fused(
             else {
                 unreachable!("RopeKvWrite holds a rope")
             };
-            let (sc, sn) = (&node.shape, &r.shape);
-            let wpos = graph.node(node.inputs[2]);
-            let args = [
-                Ptr(at(input(*rope, 0))),
-                I32(fcode(r.dtype)?),
-                Ptr(at(input(*rope, 1))),
-                I32(icode(graph.node(r.inputs[1]).dtype)?),
-                I32(i32::from(graph.node(r.inputs[1]).shape.len() == 2)),
-                Ptr(at(input(*rope, 2))),
-                I32(fcode(graph.node(r.inputs[2]).dtype)?),
-                I64(dims as i64),
-                I32(i32::from(interleaved)),
-                F32(scale),
-                Ptr(at(i)),
-                Ptr(at(input(i, 2))),
-                I32(icode(wpos.dtype)?),
-                I32(wpos.shape.iter().product::<usize>() as i32),
-                I64(sc[0] as i64),
-                I64(sc[1] as i64),
-                I64(sc[2] as i64),
-                I64(sn[2] as i64),
-                I64(sc[3] as i64),
-                Ptr(error),
-                I32(tag),
-            ];
-            gpu.launch("rope_kv_write", blocks(sn.iter().product()), THREADS, 0, &args)
-        }
-        Fused::Products { before } if matches!(node.op, Op::MatMul { .. }) => {
-            let x = graph.node(node.inputs[0]);
-            let k = *x.shape.last().unwrap();
-            let w = fsuffix(graph.node(node.inputs[1]).dtype)?;
-            let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
-            let total: usize = parts.iter().map(|&p| *graph.nodes[p].shape.last().unwrap()).sum();
-            let mut args = vec![Ptr(at(node.inputs[0].index()))];
-            for slot in 0..3 {
-                match parts.get(slot) {
-                    Some(&p) => args.extend([
-                        Ptr(at(input(p, 1))),
-                        Ptr(at(p)),
-                        I64(*graph.nodes[p].shape.last().unwrap() as i64),
-                    ]),
-                    None => args.extend([Ptr(0), Ptr(0), I64(0)]),
-                }
-            }
-            args.extend([I32(fcode(node.dtype)?), I64(k as i64)]);
-            let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
-            // One weight row a warp, four warps a block.
-            gpu.launch(name, total.div_ceil(4) as u32, 128, 0, &args)
+            let mut args = rope_inputs(graph, *rope, &|k| at(input(*rope, k)))?;
+            args.extend([I64(dims as i64), I32(i32::from(interleaved)), F32(scale), Ptr(at(i))]);
+            args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
+            gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
         Fused::Products { before } => {
-            let Op::QuantizedMatMul { bits, group_size } = node.op else {
-                unreachable!("Products anchors on a product")
-            };
             let x = graph.node(node.inputs[0]);
             let k = *x.shape.last().unwrap();
             let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
-            let total: usize = parts.iter().map(|&p| *graph.nodes[p].shape.last().unwrap()).sum();
-            let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
-                .ok_or_else(|| mlxcel_core::Error::Backend("fused products: no tensor-core GEMV for them".into()))?;
+            let rows = |p: usize| *graph.nodes[p].shape.last().unwrap();
+            let total: usize = parts.iter().map(|&p| rows(p)).sum();
+            // Per product slot: its weight tensors (a dense weight, or packed weights, scales
+            // and biases), its output and its rows; zeros for an unused slot.
+            let tensors = node.inputs.len() - 1;
             let mut args = vec![Ptr(at(node.inputs[0].index()))];
             for slot in 0..3 {
                 match parts.get(slot) {
-                    Some(&p) => args.extend([
-                        Ptr(at(input(p, 1))),
-                        Ptr(at(input(p, 2))),
-                        Ptr(at(input(p, 3))),
-                        Ptr(at(p)),
-                        I64(*graph.nodes[p].shape.last().unwrap() as i64),
-                    ]),
-                    None => args.extend([Ptr(0), Ptr(0), Ptr(0), Ptr(0), I64(0)]),
+                    Some(&p) => {
+                        args.extend((1..=tensors).map(|j| Ptr(at(input(p, j)))));
+                        args.extend([Ptr(at(p)), I64(rows(p) as i64)]);
+                    }
+                    None => {
+                        args.extend((0..=tensors).map(|_| Ptr(0)));
+                        args.push(I64(0));
+                    }
                 }
             }
-            args.extend([
-                I32(fcode(graph.node(node.inputs[2]).dtype)?),
-                I32(fcode(node.dtype)?),
-                I64(k as i64),
-                I32(group_size as i32),
-            ]);
-            let name = intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1));
-            gpu.launch(name, l.grid, l.block, l.smem, &args)
+            match node.op {
+                Op::QuantizedMatMul { bits, group_size } => {
+                    let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k).ok_or_else(|| {
+                        mlxcel_core::Error::Backend("fused products: no tensor-core GEMV for them".into())
+                    })?;
+                    args.extend([
+                        I32(fcode(graph.node(node.inputs[2]).dtype)?),
+                        I32(fcode(node.dtype)?),
+                        I64(k as i64),
+                        I32(group_size as i32),
+                    ]);
+                    let name = intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1));
+                    gpu.launch(name, l.grid, l.block, l.smem, &args)
+                }
+                _ => {
+                    args.extend([I32(fcode(node.dtype)?), I64(k as i64)]);
+                    let w = fsuffix(graph.node(node.inputs[1]).dtype)?;
+                    let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
+                    // One weight row a warp, four warps a block.
+                    gpu.launch(name, total.div_ceil(4) as u32, 128, 0, &args)
+                }
+            }
         }
     }
+}
+
+/// rope.cu's leading parameters, shared by `rope` and `rope_kv_write`: x, its dtype, the
+/// positions (kind, and whether one row per batch) and the frequencies of rope node `r`, whose
+/// k-th input is at `at(k)`.
+fn rope_inputs(graph: &Graph, r: usize, at: &dyn Fn(usize) -> u64) -> Result<Vec<Arg>> {
+    let node = &graph.nodes[r];
+    let (pos, freq) = (graph.node(node.inputs[1]), graph.node(node.inputs[2]));
+    Ok(vec![
+        Arg::Ptr(at(0)),
+        Arg::I32(fcode(node.dtype)?),
+        Arg::Ptr(at(1)),
+        Arg::I32(icode(pos.dtype)?),
+        Arg::I32(i32::from(pos.shape.len() == 2)),
+        Arg::Ptr(at(2)),
+        Arg::I32(fcode(freq.dtype)?),
+    ])
+}
+
+/// The trailing parameters of `kv_write` and `rope_kv_write` for cache write `w` of `new`-shaped
+/// rows: the write position (at `pos`: kind, count), the cache and row shapes, the error flag.
+fn cache_write_place(graph: &Graph, w: usize, new: &[usize], pos: u64, error: u64, tag: i32) -> Result<Vec<Arg>> {
+    let cache = &graph.nodes[w].shape;
+    let at = graph.node(graph.nodes[w].inputs[2]);
+    Ok(vec![
+        Arg::Ptr(pos),
+        Arg::I32(icode(at.dtype)?),
+        Arg::I32(at.shape.iter().product::<usize>() as i32),
+        Arg::I64(cache[0] as i64),
+        Arg::I64(cache[1] as i64),
+        Arg::I64(cache[2] as i64),
+        Arg::I64(new[2] as i64),
+        Arg::I64(cache[3] as i64),
+        Arg::Ptr(error),
+        Arg::I32(tag),
+    ])
 }
 
 /// A product cuBLAS takes: `y [rows, n] = x [rows, k] · Wᵀ` with more rows than the GEMV

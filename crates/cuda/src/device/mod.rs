@@ -44,13 +44,16 @@ pub fn launches_per_run(graph: &Graph) -> usize {
         .nodes
         .iter()
         .enumerate()
-        .filter(|(i, node)| {
-            !matches!(
-                node.op,
-                Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape | Op::Input { .. }
-            ) && !fusion.absorbed[*i]
-        })
+        .filter(|(i, node)| launches(&node.op) && !fusion.absorbed[*i])
         .count()
+}
+
+/// Whether a node of `op` runs a kernel (leaves are resident, reshapes alias).
+fn launches(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape | Op::Input { .. }
+    )
 }
 
 /// The cache file name of the kernels' PTX for `arch` under driver version `driver`.
@@ -389,13 +392,7 @@ fn launch_all(
     mut profile: Option<(&mut profile::Profiler, usize)>,
 ) -> Result<()> {
     for (i, node) in g.graph.nodes.iter().enumerate() {
-        if matches!(
-            node.op,
-            Op::Parameter { .. } | Op::Constant { .. } | Op::State { .. } | Op::Reshape | Op::Input { .. }
-        ) {
-            continue;
-        }
-        if g.fusion.absorbed[i] {
+        if !launches(&node.op) || g.fusion.absorbed[i] {
             continue;
         }
         let ptr = |k: usize| loc_ptr(gpu, g.plan.locs[node.inputs[k].index()], g, states);
