@@ -71,6 +71,32 @@ fn noise(seed: u64, n: usize) -> Vec<f32> {
     mlxcel_core::rng::SplitMix64(seed).signed_vec(n, 1.0)
 }
 
+/// `x · Wᵀ` for a noise weight `[n, k]` (from `seed`): dense in `dt` when `bits` is 0, else
+/// quantized MLX-style to `(bits, group)` with scales and biases in `dt`.
+fn projection(
+    b: &mut mlxcel_core::GraphBuilder,
+    x: mlxcel_core::NodeId,
+    seed: u64,
+    (n, k): (usize, usize),
+    (bits, group): (u32, usize),
+    dt: mlxcel_core::DType,
+) -> mlxcel_core::NodeId {
+    use mlxcel_core::HostTensor;
+    let w = noise(seed, n * k);
+    if bits == 0 {
+        let w = b.parameter("w", HostTensor::from_f32(dt, &[n, k], &w).unwrap());
+        return b.matmul_t(x, w).unwrap();
+    }
+    let q = mlxcel_core::quant::quantize(&w, n, k, bits, group);
+    let packed = b.parameter(
+        "q",
+        HostTensor::from_slice(&[n, k * bits as usize / 32], &q.packed).unwrap(),
+    );
+    let sc = b.parameter("s", HostTensor::from_f32(dt, &[n, k / group], &q.scales).unwrap());
+    let bi = b.parameter("z", HostTensor::from_f32(dt, &[n, k / group], &q.biases).unwrap());
+    b.quantized_matmul(x, packed, sc, bi, bits, group).unwrap()
+}
+
 /// The decode patterns the CUDA backend fuses (gated MLP over quantized and dense weights,
 /// residual add + RMSNorm) and the GEMV kernels, in several dtypes and row counts, against the
 /// CPU backend (which runs the plain ops).
@@ -98,22 +124,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
                 let nw = b.parameter("norm", HostTensor::from_f32(wdt, &[k], &noise(9, k)).unwrap());
                 let s = b.add(x, r).unwrap();
                 let h = b.rms_norm(s, nw, 1e-5, false).unwrap();
-                let proj = |b: &mut GraphBuilder, seed: u64| {
-                    let w = noise(seed, n * k);
-                    if bits == 0 {
-                        let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &w).unwrap());
-                        return b.matmul_t(h, w).unwrap();
-                    }
-                    let q = mlxcel_core::quant::quantize(&w, n, k, bits, 64);
-                    let groups = k / 64;
-                    let packed = b.parameter(
-                        "q",
-                        HostTensor::from_slice(&[n, k * bits as usize / 32], &q.packed).unwrap(),
-                    );
-                    let sc = b.parameter("s", HostTensor::from_f32(wdt, &[n, groups], &q.scales).unwrap());
-                    let bi = b.parameter("z", HostTensor::from_f32(wdt, &[n, groups], &q.biases).unwrap());
-                    b.quantized_matmul(h, packed, sc, bi, bits, 64).unwrap()
-                };
+                let proj = |b: &mut GraphBuilder, seed: u64| projection(b, h, seed, (n, k), (bits, 64), wdt);
                 let g = proj(&mut b, 1);
                 let g = b.silu(g).unwrap();
                 let u = proj(&mut b, 2);
@@ -143,18 +154,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let n = 48;
         let mut b = GraphBuilder::default();
         let x = b.input("x", act, &[1, 1, k]);
-        let proj = |b: &mut GraphBuilder, seed: u64| {
-            let w = noise(seed, n * k);
-            if bits == 0 {
-                let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &w).unwrap());
-                return b.matmul_t(x, w).unwrap();
-            }
-            let q = mlxcel_core::quant::quantize(&w, n, k, bits, 64);
-            let packed = b.parameter("q", HostTensor::from_slice(&[n, k / 8], &q.packed).unwrap());
-            let sc = b.parameter("s", HostTensor::from_f32(wdt, &[n, k / 64], &q.scales).unwrap());
-            let bi = b.parameter("z", HostTensor::from_f32(wdt, &[n, k / 64], &q.biases).unwrap());
-            b.quantized_matmul(x, packed, sc, bi, bits, 64).unwrap()
-        };
+        let proj = |b: &mut GraphBuilder, seed: u64| projection(b, x, seed, (n, k), (bits, 64), wdt);
         let g = proj(&mut b, 31);
         let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
         let u = proj(&mut b, 32);
@@ -179,11 +179,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             let x = b.input("x", act, &[1, 1, k]);
             let mut outs = Vec::new();
             for (seed, n) in [(11u64, 64usize), (12, 32), (13, 32)] {
-                let q = mlxcel_core::quant::quantize(&noise(seed, n * k), n, k, 4, 32);
-                let packed = b.parameter("q", HostTensor::from_slice(&[n, k / 8], &q.packed).unwrap());
-                let sc = b.parameter("s", HostTensor::from_f32(act, &[n, k / 32], &q.scales).unwrap());
-                let bi = b.parameter("z", HostTensor::from_f32(act, &[n, k / 32], &q.biases).unwrap());
-                let mut y = b.quantized_matmul(x, packed, sc, bi, 4, 32).unwrap();
+                let mut y = projection(&mut b, x, seed, (n, k), (4, 32), act);
                 if early && outs.is_empty() {
                     y = b.silu(y).unwrap();
                 }
@@ -210,10 +206,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let x = b.input("x", act, &[1, 1, k]);
         let outs: Vec<_> = [(21u64, 40usize), (22, 8), (23, 8)]
             .into_iter()
-            .map(|(seed, n)| {
-                let w = b.parameter("w", HostTensor::from_f32(wdt, &[n, k], &noise(seed, n * k)).unwrap());
-                b.matmul_t(x, w).unwrap()
-            })
+            .map(|(seed, n)| projection(&mut b, x, seed, (n, k), (0, 0), wdt))
             .collect();
         let graph = b.finish(&outs);
         let out_dtype = graph.node(graph.outputs[0]).dtype;
