@@ -277,3 +277,166 @@ extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 
     stf(y, ydt, row * dv + c, o * inv);
   }
 }
+
+// E consecutive elements (E = 2, 4 or 8) of dtype dt from element i of p (16-byte aligned runs
+// for E = 8), as f32, with one vector load.
+template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i64 i, float* o) {
+  if (dt == 0) {
+    const float* f = (const float*)p + i;
+    if (E == 2) { const float2 v = *(const float2*)f; o[0] = v.x; o[1] = v.y; return; }
+#pragma unroll
+    for (int e = 0; e < E; e += 4) {
+      const float4 v = *(const float4*)(f + e);
+      o[e] = v.x; o[e + 1] = v.y; o[e + 2] = v.z; o[e + 3] = v.w;
+    }
+    return;
+  }
+  const unsigned short* h = (const unsigned short*)p + i;
+  unsigned u[4];
+  if (E == 2) u[0] = *(const unsigned*)h;
+  else if (E == 4) { const uint2 v = *(const uint2*)h; u[0] = v.x; u[1] = v.y; }
+  else { const uint4 v = *(const uint4*)h; u[0] = v.x; u[1] = v.y; u[2] = v.z; u[3] = v.w; }
+#pragma unroll
+  for (int e = 0; e < E / 2; e++) {
+    const unsigned short lo = (unsigned short)(u[e] & 0xffffu), hi = (unsigned short)(u[e] >> 16);
+    o[2 * e] = dt == 1 ? F16::ld(&lo, 0) : BF16::ld(&lo, 0);
+    o[2 * e + 1] = dt == 1 ? F16::ld(&hi, 0) : BF16::ld(&hi, 0);
+  }
+}
+
+// Decode attention split over the cache for grouped queries: block (b · hkv + kv head, split)
+// takes the G = hq / hkv query heads that share a kv head (up to GM) over keys
+// [split·chunk, split·chunk + chunk) of the valid range, so each key and value is read once
+// for the group. Head size D = 32 · E, a lane holding E consecutive channels. Four warps share
+// the keys: first the scores of every head (kept in shared memory), then each head's max and
+// exponentials, then the weighted values, summed over the warps. Writes attention_split's
+// partials (max, sum, unnormalized output) per query row, which attention_combine merges; the
+// parameters are attention_split's (its head sizes unused).
+template <int E, int GM>
+__device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                              const void* kv_len, int len_kind, int len_count, float* part,
+                                              i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
+                                              float softcap, i64 chunk, int* error, int tag) {
+  (void)causal;
+  constexpr int D = 32 * E;
+  extern __shared__ float att_sm[];
+  float* sc = att_sm;                  // [GM][chunk] scores, then exponentials
+  float* red = att_sm + GM * chunk;    // [4][GM][D] per-warp outputs
+  float* ml = red + 4 * GM * D;        // [2][GM] max and sum of each head
+  const i64 grp = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const i64 bi = grp / hkv, kvh = grp % hkv, g = hq / hkv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 row0 = bi * hq + kvh * g;  // query row of the group's first head
+  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
+  i64 j0 = 0, n = 0;
+  if (len < 1 || len > s) {
+    if (threadIdx.x == 0 && split == 0 && grp == 0) atomicCAS(error, 0, tag);
+  } else {
+    // The one query sits at the last position, so causal or not it sees keys [lo, len).
+    const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
+    j0 = split * chunk > lo_key ? split * chunk : lo_key;
+    const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
+    n = j1 > j0 ? j1 - j0 : 0;
+  }
+  float qv[GM][E];
+#pragma unroll
+  for (int h = 0; h < GM; h++) {
+    if (h < g) ld_run<E>(q, qdt, (row0 + h) * D + lane * E, qv[h]);
+    else
+#pragma unroll
+      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
+  }
+  const i64 kbase = (bi * hkv + kvh) * s + j0;
+  constexpr int U = 4;  // keys a warp has in flight
+  for (i64 jj = warp; jj < n; jj += 4 * U) {
+    float kf[U][E];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (jj + 4 * u < n) ld_run<E>(k, kdt, (kbase + jj + 4 * u) * D + lane * E, kf[u]);
+      else
+#pragma unroll
+        for (int e = 0; e < E; e++) kf[u][e] = 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+      for (int h = 0; h < GM; h++) {
+        if (h >= g) continue;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) d += qv[h][e] * kf[u][e];
+        d = warp_sum(d) * scale;
+        if (softcap > 0.0f) d = softcap * tanhf(d / softcap);
+        if (lane == 0 && jj + 4 * u < n) sc[h * chunk + jj + 4 * u] = d;
+      }
+    }
+  }
+  __syncthreads();
+  for (int h = warp; h < g; h += 4) {
+    float m = -INFINITY;
+    for (i64 j = lane; j < n; j += 32) m = fmaxf(m, sc[h * chunk + j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (i64 j = lane; j < n; j += 32) {
+      const float e = expf(sc[h * chunk + j] - m);
+      sc[h * chunk + j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) { ml[h] = m; ml[GM + h] = l; }
+  }
+  __syncthreads();
+  float acc[GM][E];
+#pragma unroll
+  for (int h = 0; h < GM; h++)
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[h][e] = 0.0f;
+  for (i64 jj = warp; jj < n; jj += 4 * U) {
+    float vf[U][E];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (jj + 4 * u < n) ld_run<E>(v, kdt, (kbase + jj + 4 * u) * D + lane * E, vf[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (jj + 4 * u >= n) continue;
+#pragma unroll
+      for (int h = 0; h < GM; h++) {
+        if (h >= g) continue;
+        const float p = sc[h * chunk + jj + 4 * u];
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[h][e] += p * vf[u][e];
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < GM; h++) {
+    if (h >= g) continue;
+#pragma unroll
+    for (int e = 0; e < E; e++) red[(warp * GM + h) * D + lane * E + e] = acc[h][e];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < g * D; idx += blockDim.x) {
+    const int h = idx / D, c = idx % D;
+    float* out = part + ((row0 + h) * splits + split) * (D + 2);
+    out[2 + c] = red[h * D + c] + red[(GM + h) * D + c] + red[(2 * GM + h) * D + c] + red[(3 * GM + h) * D + c];
+    if (c == 0) {
+      out[0] = n > 0 ? ml[h] : -INFINITY;
+      out[1] = n > 0 ? ml[GM + h] : 0.0f;
+    }
+  }
+}
+#define ATTENTION_GQA(E, GM)                                                                                         \
+  extern "C" __global__ void attention_gqa_##E##_##GM(                                                               \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count, \
+      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,  \
+      int* error, int tag) {                                                                                         \
+    attention_gqa<E, GM>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window,    \
+                         softcap, chunk, error, tag);                                                                \
+  }
+ATTENTION_GQA(2, 4)
+ATTENTION_GQA(2, 8)
+ATTENTION_GQA(4, 4)
+ATTENTION_GQA(4, 8)
+ATTENTION_GQA(8, 4)
+ATTENTION_GQA(8, 8)

@@ -912,6 +912,8 @@ struct Attn {
     softcap: Option<f32>,
     /// `kv_len` and the write position per batch row (`[B]`) rather than one scalar.
     per_batch_len: bool,
+    /// Cache slots (the write lands at 7/8 of a long cache).
+    cap: usize,
 }
 
 impl Attn {
@@ -932,6 +934,9 @@ impl Attn {
         } else {
             "/len_scalar"
         };
+        if self.cap != 40 {
+            s += &format!("/cap{}", self.cap);
+        }
         s
     }
 }
@@ -939,34 +944,47 @@ impl Attn {
 fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
     #[rustfmt::skip]
     let variants = [
-        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: false },
-        Attn { batch: 1, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: Some(2.0), per_batch_len: false },
-        Attn { batch: 2, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: true },
-        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 5, causal: true, window: None, softcap: None, per_batch_len: false },
-        Attn { batch: 1, kv_heads: 2, gqa: 4, d: 32, dv: 32, t: 5, causal: true, window: Some(3), softcap: None, per_batch_len: false },
-        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 5, causal: true, window: Some(3), softcap: Some(2.0), per_batch_len: true },
-        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 5, causal: false, window: None, softcap: None, per_batch_len: false },
-        Attn { batch: 2, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 3, causal: false, window: None, softcap: Some(2.0), per_batch_len: true },
-        Attn { batch: 1, kv_heads: 1, gqa: 2, d: 64, dv: 64, t: 1, causal: true, window: Some(3), softcap: None, per_batch_len: false },
-        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 64, dv: 32, t: 2, causal: true, window: None, softcap: None, per_batch_len: false },
+        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 1, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: Some(2.0), per_batch_len: false, cap: 40 },
+        Attn { batch: 2, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: true, cap: 40 },
+        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 5, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 1, kv_heads: 2, gqa: 4, d: 32, dv: 32, t: 5, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 5, causal: true, window: Some(3), softcap: Some(2.0), per_batch_len: true, cap: 40 },
+        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 5, causal: false, window: None, softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 2, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 3, causal: false, window: None, softcap: Some(2.0), per_batch_len: true, cap: 40 },
+        Attn { batch: 1, kv_heads: 1, gqa: 2, d: 64, dv: 64, t: 1, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 64, dv: 32, t: 2, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
+        // Decode shapes of real models over long caches (on CUDA: the grouped-query kernel with
+        // several keys a split, the last split partly past the length): llama, qwen2.5-0.5b,
+        // gemma (window, softcap, batch rows of different lengths), qwen3-moe.
+        Attn { batch: 1, kv_heads: 8, gqa: 4, d: 128, dv: 128, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 600 },
+        Attn { batch: 1, kv_heads: 2, gqa: 7, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 300 },
+        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300 },
+        Attn { batch: 1, kv_heads: 4, gqa: 8, d: 128, dv: 128, t: 1, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200 },
     ];
-    const CAPACITY: usize = 40;
     for a in &variants {
         for &dt in &FLOATS {
             let mut c = Case::new(a.name(dt));
             let (b, hkv, hq, t) = (a.batch, a.kv_heads, a.kv_heads * a.gqa, a.t);
-            let k_cache = c.state("k_cache", dt, &[b, hkv, CAPACITY, a.d])?;
-            let v_cache = c.state("v_cache", dt, &[b, hkv, CAPACITY, a.dv])?;
+            let k_cache = c.state("k_cache", dt, &[b, hkv, a.cap, a.d])?;
+            let v_cache = c.state("v_cache", dt, &[b, hkv, a.cap, a.dv])?;
             // q spans [-4, 4] so scores spread beyond a near-uniform softmax.
             let q = c.input("q", dt, &[b, hq, t, a.d], 4.0)?;
             let k_new = c.input("k", dt, &[b, hkv, t, a.d], 1.0)?;
             let v_new = c.input("v", dt, &[b, hkv, t, a.dv], 1.0)?;
             // Write positions well inside the cache: earlier slots hold the random initial
             // contents the queries must read, later ones must be ignored.
+            let long = a.cap > 40;
             let pos = if a.per_batch_len {
-                c.input_values("pos", I32, &[b], &[11.0, 23.0][..b])?
+                let at = if long {
+                    [(a.cap / 3) as f32, (a.cap - 5) as f32]
+                } else {
+                    [11.0, 23.0]
+                };
+                c.input_values("pos", I32, &[b], &at[..b])?
             } else {
-                c.input_values("pos", I32, &[], &[17.0])?
+                let at = if long { (a.cap * 7 / 8) as f32 } else { 17.0 };
+                c.input_values("pos", I32, &[], &[at])?
             };
             let k_all = c.b.kv_write(k_cache, k_new, pos)?;
             let v_all = c.b.kv_write(v_cache, v_new, pos)?;

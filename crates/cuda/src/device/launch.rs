@@ -677,7 +677,23 @@ pub fn node(
                     Ptr(error),
                     I32(tag),
                 ]);
-                gpu.launch_grid("attention_split", (rows as u32, splits as u32), 128, 0, &split_args)?;
+                // The grouped kernel takes the same parameters, a block per kv head.
+                let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
+                    Some((lane, heads)) => (
+                        match (lane, heads) {
+                            (2, 4) => "attention_gqa_2_4",
+                            (2, _) => "attention_gqa_2_8",
+                            (4, 4) => "attention_gqa_4_4",
+                            (4, _) => "attention_gqa_4_8",
+                            (_, 4) => "attention_gqa_8_4",
+                            _ => "attention_gqa_8_8",
+                        },
+                        sq[0] * sk[1],
+                        4 * (heads * chunk + 4 * heads * 32 * lane + 2 * heads),
+                    ),
+                    None => ("attention_split", rows, 0),
+                };
+                gpu.launch_grid(name, (blocks as u32, splits as u32), 128, smem as u32, &split_args)?;
                 let combine = [
                     Ptr(scratch),
                     I64(splits as i64),
@@ -1223,9 +1239,35 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     if sq[2] != 1 || sq[3] > 256 || sv[3] > 256 {
         return None;
     }
-    let rows = sq[0] * sq[1];
+    // Blocks before splitting: one per query row, or per kv head for the grouped kernel.
+    let rows = if gqa_decode_kernel(graph, i).is_some() {
+        sq[0] * sk[1]
+    } else {
+        sq[0] * sq[1]
+    };
     let by_keys = sk[2].div_ceil(keys_per_split());
     Some(by_keys.max(264usize.div_ceil(rows)).min(sk[2]).clamp(1, 256))
+}
+
+/// The grouped-query decode attention kernel for node `i`, as (channels a lane, most heads a
+/// group), where it applies: one query position, q, k and v heads alike of 64, 128 or 256
+/// channels, up to 8 query heads a kv head. `MLXCEL_ATT_GQA=0` keeps the per-head kernel.
+fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<(usize, usize)> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("MLXCEL_ATT_GQA").map_or(true, |v| v != "0")) {
+        return None;
+    }
+    let node = &graph.nodes[i];
+    let (sq, sk, sv) = (
+        &graph.node(node.inputs[0]).shape,
+        &graph.node(node.inputs[1]).shape,
+        &graph.node(node.inputs[2]).shape,
+    );
+    let d = sq[3];
+    let group = sq[1] / sk[1].max(1);
+    let fits = sq[2] == 1 && sk[3] == d && sv[3] == d && matches!(d, 64 | 128 | 256);
+    (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=8).contains(&group))
+        .then_some((d / 32, if group <= 4 { 4 } else { 8 }))
 }
 
 /// `MLXCEL_ATT_KEYS`: cache positions a decode-attention split takes (default 32, the best of
