@@ -455,6 +455,7 @@ DGEMV_X(bf16, BF16)
 
 template <class X> struct TensorCore;
 template <> struct TensorCore<F16> {
+  static constexpr int DT = 1;
   static constexpr unsigned MAGIC = 0x64006400u;
   static constexpr float OFF = 1024.0f;
   static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -465,6 +466,7 @@ template <> struct TensorCore<F16> {
   }
 };
 template <> struct TensorCore<BF16> {
+  static constexpr int DT = 2;
   static constexpr unsigned MAGIC = 0x43004300u;
   static constexpr float OFF = 128.0f;
   static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -483,10 +485,83 @@ template <> struct TensorCore<BF16> {
 // warps are summed and thread i < 16 returns row row0 + i's in out[m]. A warp's first chunk of
 // weights is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
+// The input of a tensor-core GEMV that computes x = rms_norm(a + b) · (w or 1 + w) itself while
+// staging it (a null: x is given): the sum, rounded to x's dtype, is the residual stream, which
+// block 0 writes to s. a, b and s in x's dtype; w in wdt.
+struct NormIn {
+  const void* a;
+  const void* b;
+  void* s;
+  const void* w;
+  int wdt;
+  float eps;
+  float off;
+};
+#define NORM_IN_PARAMS const void *na, const void *nb, void *ns, const void *nw, int nwdt, float neps, int noff
+#define NORM_IN NormIn{na, nb, ns, nw, nwdt, neps, noff ? 1.0f : 0.0f}
+
+// 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum.
+template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum) {
+  float f[8];
+  unpack8<X>(v, f);
+#pragma unroll
+  for (int e = 0; e < 8; e++) *sum += f[e];
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                    __byte_perm(v.y, v.w, 0x7632));
+}
+
+// x [k] staged for tc_qdot: xs (k / 8 reordered words) and xsum (k / 32 run sums), from x
+// itself or from rms_norm(a + b) (see NormIn). Ends with a block barrier.
+template <class X>
+__device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64 k, uint4* xs, float* xsum) {
+  typedef TensorCore<X> TC;
+  if (!nin.a) {
+    for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; i++) xs[4 * r + i] = tc_stage_word<X>(((const uint4*)x)[4 * r + i], &sum);
+      xsum[r] = sum;
+    }
+    __syncthreads();
+    return;
+  }
+  union Word { uint4 u; typename X::T h[8]; };
+  float ss = 0.0f;
+  for (i64 r = threadIdx.x; r < k / 8; r += blockDim.x) {
+    float fa[8], fb[8];
+    unpack8<X>(((const uint4*)nin.a)[r], fa);
+    unpack8<X>(((const uint4*)nin.b)[r], fb);
+    Word sw;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const float v = round_to(fa[e] + fb[e], TC::DT);  // the sum as stored
+      ss += v * v;
+      X::st(sw.h, e, v);
+    }
+    xs[r] = sw.u;
+    if (blockIdx.x == 0) ((uint4*)nin.s)[r] = sw.u;
+  }
+  const float inv = rsqrtf(block_sum(ss) / (float)k + nin.eps);  // block_sum syncs: xs is whole
+  for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float f[8];
+      unpack8<X>(xs[4 * r + i], f);
+      Word yw;
+#pragma unroll
+      for (int e = 0; e < 8; e++) X::st(yw.h, e, f[e] * inv * (ldf(nin.w, nin.wdt, 32 * r + 8 * i + e) + nin.off));
+      xs[4 * r + i] = tc_stage_word<X>(yw.u, &sum);
+    }
+    xsum[r] = sum;
+  }
+  __syncthreads();
+}
+
 template <class X, int NM>
-__device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w, const void* const* s,
-                                        const void* const* z, int sdt, i64 row0, i64 n, i64 k, int group,
-                                        float* out) {
+__device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, const unsigned* const* w,
+                                        const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
+                                        i64 k, int group, float* out) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -509,21 +584,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     }
   };
   if (warp < chunks) fetch(warp);
-  for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint4 v = ((const uint4*)x)[4 * r + i];
-      xs[4 * r + i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
-      float f[8];
-      unpack8<X>(v, f);
-#pragma unroll
-      for (int e = 0; e < 8; e++) sum += f[e];
-    }
-    xsum[r] = sum;
-  }
-  __syncthreads();
+  tc_stage_x<X>(x, nin, k, xs, xsum);
   float acc[NM][2];
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
@@ -603,12 +664,13 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
 }
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
-// 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes.
+// 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
+// x given or computed from a NormIn.
 #define TC_QGEMV3(XN, X)                                                                                              \
   extern "C" __global__ void tc_qgemv3_##XN##_4(                                                                      \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group) {                                                         \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
     i64 row0 = (i64)blockIdx.x * 16;                                                                                  \
     const unsigned* w = w0;                                                                                           \
     const void *s = s0, *z = z0;                                                                                      \
@@ -617,14 +679,14 @@ __device__ __forceinline__ void tc_qdot(const void* x, const unsigned* const* w,
     if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                                 \
     else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                      \
     float out[1];                                                                                                     \
-    tc_qdot<X, 1>(x, &w, &s, &z, sdt, row0, n, k, group, out);                                                        \
+    tc_qdot<X, 1>(x, NORM_IN, &w, &s, &z, sdt, row0, n, k, group, out);                                               \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
   }
 TC_QGEMV3(f16, F16)
 TC_QGEMV3(bf16, BF16)
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
-// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes).
+// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
 #define TC_QGEMV(XN, X)                                                                                               \
   extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,                  \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
@@ -634,19 +696,19 @@ TC_QGEMV3(bf16, BF16)
     const void* zs[1] = {z};                                                                                          \
     float out[1];                                                                                                     \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
-    tc_qdot<X, 1>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                        \
+    tc_qdot<X, 1>(x, NormIn{}, ws, ss, zs, sdt, row0, n, k, group, out);                                              \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
   }                                                                                                                   \
   extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,                 \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu,     \
                                               int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k,          \
-                                              int group) {                                                            \
+                                              int group, NORM_IN_PARAMS) {                                            \
     const unsigned* ws[2] = {wg, wu};                                                                                 \
     const void* ss[2] = {sg, su};                                                                                     \
     const void* zs[2] = {zg, zu};                                                                                     \
     float out[2];                                                                                                     \
     const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
-    tc_qdot<X, 2>(x, ws, ss, zs, sdt, row0, n, k, group, out);                                                        \
+    tc_qdot<X, 2>(x, NORM_IN, ws, ss, zs, sdt, row0, n, k, group, out);                                               \
     if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                   \
       stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                         \
   }
@@ -674,7 +736,7 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   const void* ze = (const char*)z + rows * groups * ssz;
   const i64 row0 = (i64)blockIdx.x * 16;
   float out[1];
-  tc_qdot<X, 1>(xrow, &we, &se, &ze, sdt, row0, n, k, group, out);
+  tc_qdot<X, 1>(xrow, NormIn{}, &we, &se, &ze, sdt, row0, n, k, group, out);
   if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
 }
 #define TC_GATHER(XN, X)                                                                                              \

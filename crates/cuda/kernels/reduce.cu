@@ -76,9 +76,59 @@ __device__ void cumsum(const typename D::T* x, typename D::T* y, i64 outer, i64 
   }
 }
 
+// The first maximum of (v, i) pairs: the larger value, then the smaller index.
+__device__ __forceinline__ void argmax_pick(float& v, unsigned& i, float v2, unsigned i2) {
+  if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+__device__ __forceinline__ void argmax_warp(float& v, unsigned& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const unsigned i2 = __shfl_xor_sync(0xffffffffu, i, o);
+    argmax_pick(v, i, v2, i2);
+  }
+}
+
+// Argmax of long rows [rows, n] (the LM head's logits) over many blocks: block (row, part)
+// takes one slice of the row and writes its first maximum to pv/pi [rows, parts] (index n
+// where the slice has no value above -inf); argmax_final merges them per row, as reduce's
+// argmax would (first index of the maximum; 0 where no value is above -inf).
+template <typename D>
+__device__ void argmax_part(const typename D::T* x, float* pv, unsigned* pi, i64 n) {
+  const i64 row = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
+  const i64 per = (n + parts - 1) / parts, lo = part * per, hi = lo + per < n ? lo + per : n;
+  float best = -INFINITY;
+  unsigned at = (unsigned)n;
+  for (i64 k = lo + threadIdx.x; k < hi; k += blockDim.x) argmax_pick(best, at, D::ld(x, row * n + k), (unsigned)k);
+  argmax_warp(best, at);
+  __shared__ float wv[32];
+  __shared__ unsigned wi[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { wv[warp] = best; wi[warp] = at; }
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < (int)(blockDim.x >> 5) ? wv[lane] : -INFINITY;
+    at = lane < (int)(blockDim.x >> 5) ? wi[lane] : (unsigned)n;
+    argmax_warp(best, at);
+    if (lane == 0) { pv[row * parts + part] = best; pi[row * parts + part] = at; }
+  }
+}
+
+// One warp a row over the parts' partials.
+extern "C" __global__ void argmax_final(const float* pv, const unsigned* pi, i64 parts, i64 n, unsigned* yi) {
+  const i64 row = blockIdx.x;
+  float best = -INFINITY;
+  unsigned at = (unsigned)n;
+  for (i64 p = threadIdx.x; p < parts; p += 32) argmax_pick(best, at, pv[row * parts + p], pi[row * parts + p]);
+  argmax_warp(best, at);
+  if (threadIdx.x == 0) yi[row] = at == (unsigned)n ? 0u : at;
+}
+
 #define REDUCE_KERNELS(S, D)                                                                                  \
   extern "C" __global__ void reduce_##S(int op, const D::T* x, D::T* y, unsigned* yi, i64 n, i64 inner) {      \
     reduce<D>(op, x, y, yi, n, inner);                                                                        \
+  }                                                                                                           \
+  extern "C" __global__ void argmax_part_##S(const D::T* x, float* pv, unsigned* pi, i64 n) {                     \
+    argmax_part<D>(x, pv, pi, n);                                                                             \
   }                                                                                                           \
   extern "C" __global__ void softmax_##S(const D::T* x, D::T* y, i64 n, i64 inner) { softmax<D>(x, y, n, inner); } \
   extern "C" __global__ void cumsum_##S(const D::T* x, D::T* y, i64 outer, i64 n, i64 inner, int reverse) {     \

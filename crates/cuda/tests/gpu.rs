@@ -195,6 +195,42 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             });
         }
     }
+    // The add + RMSNorm in front of them computed inside their launch (the residual sum an
+    // output too): f32 norm weights with 1 + w (Gemma's form), and the norm's own dtype.
+    for (act, nwdt, unit) in [(DType::F16, DType::F32, true), (DType::BF16, DType::BF16, false)] {
+        let k = 768;
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", act, &[1, 1, k]);
+        let d = b.input("d", act, &[1, 1, k]);
+        let nw = b.parameter("norm", HostTensor::from_f32(nwdt, &[k], &noise(15, k)).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, nw, 1e-6, unit).unwrap();
+        let mut outs: Vec<_> = [(16u64, 96usize), (17, 32), (18, 32)]
+            .into_iter()
+            .map(|(seed, n)| projection(&mut b, x, seed, (n, k), (4, 64), act))
+            .collect();
+        outs.push(sum);
+        let graph = mlxcel_core::passes::run_passes(&b.finish(&outs), &mlxcel_core::passes::default_passes()).unwrap();
+        assert_eq!(
+            CudaBackend::launches_per_run(&graph).unwrap(),
+            1,
+            "add, norm and products in one launch"
+        );
+        cases.push(OpCase {
+            name: format!("fused add+norm+q/k/v products {act} norm w{nwdt} unit offset {unit}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[1, 1, k], &noise(19, k)).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &noise(20, k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: [
+                vec![Tolerance::for_dtype(act).scaled(4.0); 3],
+                vec![Tolerance::for_dtype(act)],
+            ]
+            .concat(),
+        });
+    }
     // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
     for (act, wdt) in [
         (DType::F16, DType::F16),

@@ -542,6 +542,20 @@ fn reductions(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], 1.0));
         }
     }
+    // Argmax over vocabulary-long rows (on CUDA: split over many blocks). Integers in [-40, 40]
+    // as floats, so the maximum ties many times across the row and the first index must win.
+    for &dt in &FLOATS {
+        let mut c = Case::new(format!("reduce/argmax/{dt}/last50001/ties"));
+        let x = c.ints("x", I32, &[2, 50001], -40, 40)?;
+        let x = c.b.astype(x, dt);
+        let y = c.b.reduce(ReduceOp::ArgMax, x, -1, false)?;
+        cases.push(c.finish(&[y], 1.0));
+        // Spread values: the maximum anywhere in the row.
+        let mut c = Case::new(format!("reduce/argmax/{dt}/last50001"));
+        let x = c.input("x", dt, &[2, 50001], 3.0)?;
+        let y = c.b.reduce(ReduceOp::ArgMax, x, -1, false)?;
+        cases.push(c.finish(&[y], 1.0));
+    }
     for (i, &dt) in FLOATS.iter().enumerate() {
         let n = ODD[i];
         let mut c = Case::new(format!("softmax/{dt}/last{n}"));

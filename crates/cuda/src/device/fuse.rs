@@ -9,7 +9,9 @@
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
-//!   share the GPU with q and a layer launches two kernels fewer.
+//!   share the GPU with q and a layer launches two kernels fewer;
+//! - `rms_norm(a + b)` read only by one tensor-core GEMV launch (fused products or GLU): the GEMV
+//!   computes its input itself while staging it, and writes the sum, so the norm is no launch.
 //!
 //! A fused kernel runs at the position of the pattern's last node (the anchor) and reads the
 //! pattern's outer inputs there, so the planner must keep those alive until the anchor: the
@@ -21,15 +23,30 @@ use super::launch::GEMV_ROWS;
 
 #[derive(Clone, Debug)]
 pub enum Fused {
-    /// Anchor = the product; `g`/`u` the gate and up matrix products over the same `x`.
-    Glu { x: NodeId, g: usize, u: usize, act: usize },
+    /// Anchor = the product; `g`/`u` the gate and up matrix products over the same `x`; `norm`
+    /// the add + RMSNorm that makes x, computed by this launch (see [`NormIn`]).
+    Glu {
+        x: NodeId,
+        g: usize,
+        u: usize,
+        act: usize,
+        norm: Option<NormIn>,
+    },
     /// Anchor = the norm; `add` is the residual sum it normalizes (also written).
     AddRmsNorm { add: usize },
     /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
-    /// written by the anchor's launch (nothing reads them before it).
-    Products { before: Vec<usize> },
+    /// written by the anchor's launch (nothing reads them before it); `norm` as for `Glu`.
+    Products { before: Vec<usize>, norm: Option<NormIn> },
     /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
     RopeKvWrite { rope: usize },
+}
+
+/// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
+/// `add` the residual sum it normalizes (absorbed; the GEMV writes it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormIn {
+    pub norm: usize,
+    pub add: usize,
 }
 
 pub struct Fusion {
@@ -87,6 +104,7 @@ impl Fusion {
                             g,
                             u,
                             act,
+                            norm: None,
                         })
                     };
                     if let Some(fused) = glu(a, b).or_else(|| glu(b, a)) {
@@ -132,6 +150,9 @@ impl Fusion {
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
         }
+        if !std::env::var("MLXCEL_CUDA_FUSE_NORM").is_ok_and(|v| v == "0") {
+            find_normed_inputs(graph, &consumers, &mut f);
+        }
         f
     }
 
@@ -140,14 +161,19 @@ impl Fusion {
     pub fn planning_graph(&self, graph: &Graph) -> Graph {
         let mut g = graph.clone();
         for (i, fused) in self.anchored.iter().enumerate() {
-            let extra: Vec<NodeId> = match fused {
+            let (mut extra, norm): (Vec<NodeId>, _) = match fused {
                 None => continue,
-                Some(Fused::Glu { x, .. }) => vec![*x],
-                Some(Fused::AddRmsNorm { add }) => graph.nodes[*add].inputs.clone(),
+                Some(Fused::Glu { x, norm, .. }) => (vec![*x], norm),
+                Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
                 // x is the anchor's own input; the weights are parameters.
-                Some(Fused::Products { .. }) => continue,
-                Some(Fused::RopeKvWrite { rope }) => graph.nodes[*rope].inputs.clone(),
+                Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
+                Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
             };
+            // A GEMV computing its own input reads the sum's operands and the norm's weight.
+            if let Some(n) = norm {
+                extra.extend(graph.nodes[n.add].inputs.iter().copied());
+                extra.push(graph.nodes[n.norm].inputs[1]);
+            }
             g.nodes[i].inputs.extend(extra);
         }
         g
@@ -230,8 +256,72 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             for &p in &before {
                 f.absorbed[p] = true;
             }
-            f.anchored[anchor] = Some(Fused::Products { before });
+            f.anchored[anchor] = Some(Fused::Products { before, norm: None });
         }
+    }
+}
+
+/// Moves each fused add + RMSNorm whose output only one tensor-core GEMV launch reads (fused
+/// 4-bit products, or a 4-bit GLU) into that launch: x, the sum and the norm all in one 16-bit
+/// dtype, one row, and nothing reading the sum before the launch writes it.
+fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for r in 0..graph.nodes.len() {
+        let Some(Fused::AddRmsNorm { add }) = f.anchored[r] else {
+            continue;
+        };
+        let (norm, sum) = (&graph.nodes[r], &graph.nodes[add]);
+        let d = *norm.shape.last().unwrap_or(&0);
+        let same_dtype = [sum.inputs[0], sum.inputs[1]]
+            .iter()
+            .all(|&v| graph.node(v).dtype == norm.dtype)
+            && sum.dtype == norm.dtype
+            && sum.shape == norm.shape;
+        if !same_dtype || norm.shape.iter().product::<usize>() != d {
+            continue;
+        }
+        // The launch reading the norm: the GLU or products anchor its readers belong to.
+        let users = &consumers[r];
+        let Some(&last) = users.iter().max() else { continue };
+        let Some(anchor) = (last..graph.nodes.len()).find(|&m| match &f.anchored[m] {
+            Some(Fused::Glu { g, u, .. }) => users.contains(g) || users.contains(u),
+            Some(Fused::Products { before, .. }) => m == last || before.iter().any(|b| users.contains(b)),
+            _ => false,
+        }) else {
+            continue;
+        };
+        let (parts, bits_k): (Vec<usize>, _) = match &f.anchored[anchor] {
+            Some(Fused::Glu { g, u, .. }) => (vec![*g, *u], (*g, "qglu")),
+            Some(Fused::Products { before, .. }) => {
+                (before.iter().copied().chain([anchor]).collect(), (anchor, "qgemv"))
+            }
+            _ => continue,
+        };
+        let mut sorted_users = users.clone();
+        sorted_users.sort_unstable();
+        let mut sorted_parts = parts.clone();
+        sorted_parts.sort_unstable();
+        let (p, family) = bits_k;
+        let tensor_cores = match graph.nodes[p].op {
+            Op::QuantizedMatMul { bits, .. } => {
+                let n = *graph.nodes[p].shape.last().unwrap_or(&0);
+                super::launch::tc_gemv_kernel(family, norm.dtype, bits, 1, n, d).is_some()
+            }
+            _ => false,
+        };
+        let ok = sorted_users == sorted_parts
+            && parts.iter().all(|&q| graph.nodes[q].inputs[0].index() == r)
+            && tensor_cores
+            && consumers[add].iter().all(|&c| c == r || c > anchor);
+        if !ok {
+            continue;
+        }
+        let normed = Some(NormIn { norm: r, add });
+        match f.anchored[anchor].as_mut() {
+            Some(Fused::Glu { norm, .. }) | Some(Fused::Products { norm, .. }) => *norm = normed,
+            _ => unreachable!("the anchor was matched above"),
+        }
+        f.anchored[r] = None;
+        f.absorbed[r] = true;
     }
 }
 
@@ -321,7 +411,7 @@ mod tests {
         let p = products(&graph);
         let f = Fusion::find(&graph);
         match &f.anchored[p[2]] {
-            Some(Fused::Products { before }) => assert_eq!(before, &p[..2]),
+            Some(Fused::Products { before, .. }) => assert_eq!(before, &p[..2]),
             other => panic!("expected fused products at the last one, got {other:?}"),
         }
         assert!(f.absorbed[p[0]] && f.absorbed[p[1]] && !f.absorbed[p[2]]);
@@ -337,9 +427,73 @@ mod tests {
             "the first product is read early"
         );
         match &f.anchored[p[2]] {
-            Some(Fused::Products { before }) => assert_eq!(before, &p[1..2]),
+            Some(Fused::Products { before, .. }) => assert_eq!(before, &p[1..2]),
             other => panic!("expected k and v fused, got {other:?}"),
         }
+    }
+
+    /// h + d, normed, into q/k/v-like 4-bit products; `norm_read_too` also outputs the norm.
+    fn normed_products(norm_read_too: bool) -> (Graph, [usize; 2], Vec<usize>) {
+        let k = 256;
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", DType::F16, &[1, 1, k]);
+        let d = b.input("d", DType::F16, &[1, 1, k]);
+        let w = b.parameter("w", HostTensor::from_f32(DType::F16, &[k], &vec![1.0; k]).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, w, 1e-5, false).unwrap();
+        let mut outs = Vec::new();
+        for n in [64usize, 32, 32] {
+            let q = b.parameter(
+                "q",
+                HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
+            );
+            let s = b.parameter(
+                "s",
+                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
+            );
+            let z = b.parameter(
+                "z",
+                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![0.0; n * k / 64]).unwrap(),
+            );
+            outs.push(b.quantized_matmul(x, q, s, z, 4, 64).unwrap());
+        }
+        let products = outs.iter().map(|o| o.index()).collect();
+        // The residual stream goes on past the products.
+        let o = b.add(sum, d).unwrap();
+        outs.push(o);
+        if norm_read_too {
+            outs.push(x);
+        }
+        (b.finish(&outs), [sum.index(), x.index()], products)
+    }
+
+    #[test]
+    fn an_add_and_norm_read_only_by_fused_products_is_computed_inside_them() {
+        let (graph, [sum, norm], p) = normed_products(false);
+        let f = Fusion::find(&graph);
+        match &f.anchored[p[2]] {
+            Some(Fused::Products { norm: Some(n), .. }) => assert_eq!(*n, NormIn { norm, add: sum }),
+            other => panic!("expected products computing their input, got {other:?}"),
+        }
+        assert!(f.absorbed[norm] && f.absorbed[sum] && f.anchored[norm].is_none());
+        // The products' launch reads the sum's operands and the norm weight: kept alive for it.
+        let planned = f.planning_graph(&graph);
+        let extra = &planned.nodes[p[2]].inputs[graph.nodes[p[2]].inputs.len()..];
+        let want: Vec<NodeId> = graph.nodes[sum]
+            .inputs
+            .iter()
+            .copied()
+            .chain([graph.nodes[norm].inputs[1]])
+            .collect();
+        assert_eq!(extra, &want[..]);
+    }
+
+    #[test]
+    fn a_norm_read_elsewhere_too_stays_its_own_kernel() {
+        let (graph, [sum, norm], p) = normed_products(true);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[norm], Some(Fused::AddRmsNorm { add }) if add == sum));
+        assert!(matches!(&f.anchored[p[2]], Some(Fused::Products { norm: None, .. })));
     }
 
     #[test]
@@ -384,7 +538,7 @@ mod tests {
         let f = Fusion::find(&graph);
         let (q, k, v) = (outs[0].index(), outs[1].index(), outs[2].index());
         match &f.anchored[v] {
-            Some(Fused::Products { before }) => assert_eq!(before, &[q, k]),
+            Some(Fused::Products { before, .. }) => assert_eq!(before, &[q, k]),
             other => panic!("expected fused dense products, got {other:?}"),
         }
     }

@@ -385,6 +385,16 @@ pub fn node(
                 "f16" => "reduce_f16",
                 _ => "reduce_bf16",
             };
+            if let (Some((rows, parts)), true) = (argmax_parts(graph, i), scratch != 0) {
+                // Long rows: slices over many blocks, then one warp a row (reduce.cu).
+                let values = scratch;
+                let indices = scratch + 4 * (rows * parts) as u64;
+                let part_args = [Ptr(ptr(0)), Ptr(values), Ptr(indices), I64(len as i64)];
+                let part_name = intern(format!("argmax_part_{}", fsuffix(input(0).dtype)?));
+                gpu.launch_grid(part_name, (rows as u32, parts as u32), 256, 0, &part_args)?;
+                let final_args = [Ptr(values), Ptr(indices), I64(parts as i64), I64(len as i64), Ptr(out)];
+                return gpu.launch("argmax_final", rows as u32, 32, 0, &final_args);
+            }
             let (y, yi) = if *op == ReduceOp::ArgMax { (0, out) } else { (out, 0) };
             let args = [
                 I32(code),
@@ -883,7 +893,7 @@ pub(crate) fn fused(
     let node = &graph.nodes[i];
     let input = |j: usize, k: usize| graph.nodes[j].inputs[k].index();
     match f {
-        Fused::Glu { x, g, u, act } => {
+        Fused::Glu { x, g, u, act, norm } => {
             let ng = &graph.nodes[*g];
             let xs = &graph.node(*x).shape;
             let k = *xs.last().unwrap();
@@ -898,9 +908,12 @@ pub(crate) fn fused(
             let xdt = graph.node(*x).dtype;
             match ng.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let l = match tc_gemv_kernel("qglu", xdt, bits, rows, n, k) {
+                    let tc = tc_gemv_kernel("qglu", xdt, bits, rows, n, k);
+                    let on_tensor_cores = tc.is_some();
+                    let l = match tc {
                         Some(l) => l,
-                        None => gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?,
+                        None if norm.is_none() => gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?,
+                        None => return Err(no_tensor_cores("GLU")),
                     };
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for j in [*g, *u] {
@@ -910,6 +923,9 @@ pub(crate) fn fused(
                     args.push(Ptr(at(i)));
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64), I32(group_size as i32)]);
+                    if on_tensor_cores {
+                        args.extend(norm_in_args(graph, norm, at)?);
+                    }
                     gpu.launch(l.name, l.grid, l.block, l.smem, &args)
                 }
                 _ => {
@@ -967,7 +983,7 @@ pub(crate) fn fused(
             args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
             gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
-        Fused::Products { before } => {
+        Fused::Products { before, norm } => {
             let x = graph.node(node.inputs[0]);
             let k = *x.shape.last().unwrap();
             let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
@@ -991,18 +1007,19 @@ pub(crate) fn fused(
             }
             match node.op {
                 Op::QuantizedMatMul { bits, group_size } => {
-                    let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k).ok_or_else(|| {
-                        mlxcel_core::Error::Backend("fused products: no tensor-core GEMV for them".into())
-                    })?;
+                    let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
+                        .ok_or_else(|| no_tensor_cores("fused products"))?;
                     args.extend([
                         I32(fcode(graph.node(node.inputs[2]).dtype)?),
                         I32(fcode(node.dtype)?),
                         I64(k as i64),
                         I32(group_size as i32),
                     ]);
+                    args.extend(norm_in_args(graph, norm, at)?);
                     let name = intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1));
                     gpu.launch(name, l.grid, l.block, l.smem, &args)
                 }
+                _ if norm.is_some() => Err(no_tensor_cores("fused dense products")),
                 _ => {
                     args.extend([I32(fcode(node.dtype)?), I64(k as i64)]);
                     let w = fsuffix(graph.node(node.inputs[1]).dtype)?;
@@ -1013,6 +1030,35 @@ pub(crate) fn fused(
             }
         }
     }
+}
+
+/// A fused pattern found for the tensor-core GEMV that the launch could not give it.
+fn no_tensor_cores(what: &str) -> mlxcel_core::Error {
+    mlxcel_core::Error::Backend(format!(
+        "{what}: fused for the tensor-core GEMV, which does not take it"
+    ))
+}
+
+/// gemv.cu's NORM_IN_PARAMS for a tensor-core GEMV: the add + RMSNorm it computes its input from,
+/// or nulls (x given).
+fn norm_in_args(graph: &Graph, norm: &Option<super::fuse::NormIn>, at: &dyn Fn(usize) -> u64) -> Result<Vec<Arg>> {
+    use Arg::{Ptr, F32, I32};
+    let Some(n) = norm else {
+        return Ok(vec![Ptr(0), Ptr(0), Ptr(0), Ptr(0), I32(0), F32(0.0), I32(0)]);
+    };
+    let Op::RmsNorm { eps, unit_offset } = graph.nodes[n.norm].op else {
+        unreachable!("NormIn holds a norm")
+    };
+    let (sum, w) = (&graph.nodes[n.add], graph.nodes[n.norm].inputs[1]);
+    Ok(vec![
+        Ptr(at(sum.inputs[0].index())),
+        Ptr(at(sum.inputs[1].index())),
+        Ptr(at(n.add)),
+        Ptr(at(w.index())),
+        I32(fcode(graph.node(w).dtype)?),
+        F32(eps),
+        I32(i32::from(unit_offset)),
+    ])
 }
 
 /// rope.cu's leading parameters, shared by `rope` and `rope_kv_write`: x, its dtype, the
@@ -1277,8 +1323,29 @@ fn keys_per_split() -> usize {
     *K.get_or_init(|| env_usize("MLXCEL_ATT_KEYS").filter(|&k| k >= 4).unwrap_or(32))
 }
 
-/// Bytes of partial results decode attention keeps for node `i`, if it takes the split kernel.
-pub(crate) fn decode_attention_scratch(graph: &Graph, i: usize) -> Option<usize> {
+/// Rows and the blocks a row of argmax node `i` is split over, where its rows are long (the LM
+/// head's logits: one block a row would leave all but one SM idle); 2048 values a block, at most
+/// 128 blocks.
+fn argmax_parts(graph: &Graph, i: usize) -> Option<(usize, usize)> {
+    let node = &graph.nodes[i];
+    let Op::Reduce {
+        op: ReduceOp::ArgMax,
+        axis,
+        ..
+    } = node.op
+    else {
+        return None;
+    };
+    let (rows, len, inner) = dims(&graph.node(node.inputs[0]).shape, axis);
+    (inner == 1 && len >= 8192 && len < u32::MAX as usize).then(|| (rows, (len / 2048).clamp(2, 128)))
+}
+
+/// Bytes of scratch node `i` keeps for partial results: decode attention's splits, or a long
+/// argmax's per-block maxima (a value and an index each).
+pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
+    if let Some((rows, parts)) = argmax_parts(graph, i) {
+        return Some(rows * parts * 8);
+    }
     let splits = decode_attention_splits(graph, i)?;
     let node = &graph.nodes[i];
     let (sq, sv) = (&graph.node(node.inputs[0]).shape, &graph.node(node.inputs[2]).shape);

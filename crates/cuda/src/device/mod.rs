@@ -465,7 +465,7 @@ impl Session for CudaSession {
                 }
                 _ => {}
             }
-            if let Some(bytes) = launch::decode_attention_scratch(graph, i) {
+            if let Some(bytes) = launch::partials_scratch(graph, i) {
                 let buf = self.gpu.alloc(bytes)?;
                 scratch.insert(i, self.gpu.ptr(&buf));
                 scratch_bufs.push(buf);

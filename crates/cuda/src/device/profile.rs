@@ -111,11 +111,15 @@ impl Profiler {
 pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     let node = &graph.nodes[i];
     match fused {
-        Some(Fused::Glu { g, .. }) => return format!("fused gate·up+act·mul ({})", family(graph, *g, None)),
+        Some(Fused::Glu { g, norm, .. }) => {
+            let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
+            return format!("fused {pre}gate·up+act·mul ({})", family(graph, *g, None));
+        }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
-        Some(Fused::Products { before }) => {
-            return format!("fused {} products ({})", before.len() + 1, family(graph, i, None))
+        Some(Fused::Products { before, norm }) => {
+            let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
+            return format!("fused {pre}{} products ({})", before.len() + 1, family(graph, i, None));
         }
         None => {}
     }
