@@ -482,7 +482,8 @@ template <> struct TensorCore<BF16> {
 
 // NM weights of one shape (1: a product; 2: gate and up of a GLU) applied to x [k]: lane
 // (g, t) of each warp ends with the dot products of rows row0 + g and row0 + g + 8; the block's
-// warps are summed and thread i < 16 returns row row0 + i's in out[m]. A warp's first chunk of
+// warps are summed and thread i < 16 returns row row0 + i's in out[m]. x is staged when `stage`
+// (a block's first tile; its later tiles reuse it). A warp's first chunk of
 // weights is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
 // The input of a tensor-core GEMV that computes x = rms_norm(a + b) · (w or 1 + w) itself while
@@ -559,7 +560,7 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
 }
 
 template <class X, int NM>
-__device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, const unsigned* const* w,
+__device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
                                         i64 k, int group, float* out) {
   typedef TensorCore<X> TC;
@@ -584,7 +585,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, const 
     }
   };
   if (warp < chunks) fetch(warp);
-  tc_stage_x<X>(x, nin, k, xs, xsum);
+  if (stage) tc_stage_x<X>(x, nin, k, xs, xsum);
   float acc[NM][2];
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
@@ -661,6 +662,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, const 
       out[m] = v;
     }
   }
+  __syncthreads();  // the block's next tile reuses wpart
 }
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
@@ -671,16 +673,19 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, const 
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
-    i64 row0 = (i64)blockIdx.x * 16;                                                                                  \
-    const unsigned* w = w0;                                                                                           \
-    const void *s = s0, *z = z0;                                                                                      \
-    void* y = y0;                                                                                                     \
-    i64 n = n0;                                                                                                       \
-    if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                                 \
-    else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                      \
-    float out[1];                                                                                                     \
-    tc_qdot<X, 1>(x, NORM_IN, &w, &s, &z, sdt, row0, n, k, group, out);                                               \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
+    const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
+    for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
+      i64 row0 = tile * 16;                                                                                           \
+      const unsigned* w = w0;                                                                                         \
+      const void *s = s0, *z = z0;                                                                                    \
+      void* y = y0;                                                                                                   \
+      i64 n = n0;                                                                                                     \
+      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                               \
+      else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                    \
+      float out[1];                                                                                                   \
+      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
+      if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
+    }                                                                                                                 \
   }
 TC_QGEMV3(f16, F16)
 TC_QGEMV3(bf16, BF16)
@@ -695,9 +700,11 @@ TC_QGEMV3(bf16, BF16)
     const void* ss[1] = {s};                                                                                          \
     const void* zs[1] = {z};                                                                                          \
     float out[1];                                                                                                     \
-    const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
-    tc_qdot<X, 1>(x, NormIn{}, ws, ss, zs, sdt, row0, n, k, group, out);                                              \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                          \
+    for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
+      const i64 row0 = tile * 16;                                                                                     \
+      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
+      if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
+    }                                                                                                                 \
   }                                                                                                                   \
   extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,                 \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu,     \
@@ -707,10 +714,12 @@ TC_QGEMV3(bf16, BF16)
     const void* ss[2] = {sg, su};                                                                                     \
     const void* zs[2] = {zg, zu};                                                                                     \
     float out[2];                                                                                                     \
-    const i64 row0 = (i64)blockIdx.x * 16;                                                                            \
-    tc_qdot<X, 2>(x, NORM_IN, ws, ss, zs, sdt, row0, n, k, group, out);                                               \
-    if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                   \
-      stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                         \
+    for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
+      const i64 row0 = tile * 16;                                                                                     \
+      tc_qdot<X, 2>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                         \
+      if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
+        stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
+    }                                                                                                                 \
   }
 TC_QGEMV(f16, F16)
 TC_QGEMV(bf16, BF16)
@@ -736,7 +745,7 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   const void* ze = (const char*)z + rows * groups * ssz;
   const i64 row0 = (i64)blockIdx.x * 16;
   float out[1];
-  tc_qdot<X, 1>(xrow, NormIn{}, &we, &se, &ze, sdt, row0, n, k, group, out);
+  tc_qdot<X, 1>(xrow, NormIn{}, true, &we, &se, &ze, sdt, row0, n, k, group, out);
   if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
 }
 #define TC_GATHER(XN, X)                                                                                              \

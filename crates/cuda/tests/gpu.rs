@@ -196,8 +196,9 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         }
     }
     // The add + RMSNorm in front of them computed inside their launch (the residual sum an
-    // output too): f32 norm weights with 1 + w (Gemma's form), and the norm's own dtype.
-    for (act, nwdt, unit) in [(DType::F16, DType::F32, true), (DType::BF16, DType::BF16, false)] {
+    // output too), with w and with 1 + w (Gemma's form). Norm weights in x's dtype: f32 ones
+    // would make the norm's output f32 (MLX's promotion) and the products CUDA-core ones.
+    for (act, nwdt, unit) in [(DType::F16, DType::F16, true), (DType::BF16, DType::BF16, false)] {
         let k = 768;
         let mut b = GraphBuilder::default();
         let h = b.input("h", act, &[1, 1, k]);

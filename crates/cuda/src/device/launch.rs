@@ -521,7 +521,7 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
-                return gpu.launch(l.name, l.grid, l.block, l.smem, &args);
+                return gpu.launch_gemv(&l, &args);
             }
             gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
         }
@@ -926,7 +926,7 @@ pub(crate) fn fused(
                     if on_tensor_cores {
                         args.extend(norm_in_args(graph, norm, at)?);
                     }
-                    gpu.launch(l.name, l.grid, l.block, l.smem, &args)
+                    gpu.launch_gemv(&l, &args)
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
@@ -1016,8 +1016,11 @@ pub(crate) fn fused(
                         I32(group_size as i32),
                     ]);
                     args.extend(norm_in_args(graph, norm, at)?);
-                    let name = intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1));
-                    gpu.launch(name, l.grid, l.block, l.smem, &args)
+                    let l = GemvLaunch {
+                        name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),
+                        ..l
+                    };
+                    gpu.launch_gemv(&l, &args)
                 }
                 _ if norm.is_some() => Err(no_tensor_cores("fused dense products")),
                 _ => {
@@ -1285,14 +1288,20 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     if sq[2] != 1 || sq[3] > 256 || sv[3] > 256 {
         return None;
     }
-    // Blocks before splitting: one per query row, or per kv head for the grouped kernel.
-    let rows = if gqa_decode_kernel(graph, i).is_some() {
-        sq[0] * sk[1]
+    // Blocks before splitting: one per query row, or per kv head for the grouped kernel (which
+    // aims at fewer blocks, `MLXCEL_ATT_GQA_BLOCKS`, default 132: each does a group's work, and
+    // every split is one more partial for attention_combine to merge).
+    let (rows, blocks) = if gqa_decode_kernel(graph, i).is_some() {
+        static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        (
+            sq[0] * sk[1],
+            *B.get_or_init(|| env_usize("MLXCEL_ATT_GQA_BLOCKS").unwrap_or(132)),
+        )
     } else {
-        sq[0] * sq[1]
+        (sq[0] * sq[1], 264)
     };
     let by_keys = sk[2].div_ceil(keys_per_split());
-    Some(by_keys.max(264usize.div_ceil(rows)).min(sk[2]).clamp(1, 256))
+    Some(by_keys.max(blocks.div_ceil(rows)).min(sk[2]).clamp(1, 256))
 }
 
 /// The grouped-query decode attention kernel for node `i`, as (channels a lane, most heads a

@@ -134,6 +134,8 @@ pub struct Gpu {
     blas: Option<(cudarc::cublas::CudaBlas, CudaSlice<u8>)>,
     module: Arc<CudaModule>,
     funcs: std::sync::Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Streaming multiprocessors of the device.
+    sms: u32,
 }
 
 impl Gpu {
@@ -153,11 +155,15 @@ impl Gpu {
         // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
         let stream = ctx.new_stream().map_err(driver_err)?;
         let blas = open_blas(&stream);
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err)? as u32;
         Ok(Arc::new(Gpu {
             blas,
             stream,
             module,
             funcs: Default::default(),
+            sms,
         }))
     }
 
@@ -636,6 +642,22 @@ impl Gpu {
     /// Launches `name` on `grid × block` threads with `smem` bytes of dynamic shared memory.
     fn launch(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         self.launch_grid(name, (grid, 1), block, smem, args)
+    }
+
+    /// A GEMV launch; a tensor-core one whose blocks loop over row tiles (staging x once) gets
+    /// only as many blocks as the device holds at once (`MLXCEL_TC_PERSIST=0`: a block a tile).
+    fn launch_gemv(&self, l: &launch::GemvLaunch, args: &[Arg]) -> Result<()> {
+        static PERSIST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let persist = *PERSIST.get_or_init(|| std::env::var("MLXCEL_TC_PERSIST").map_or(true, |v| v != "0"));
+        let mut grid = l.grid;
+        if persist && (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) {
+            let f = self.func(l.name)?;
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(l.block, l.smem as usize, None)
+                .map_err(driver_err)?;
+            grid = grid.min((per_sm * self.sms).max(1));
+        }
+        self.launch(l.name, grid, l.block, l.smem, args)
     }
 
     /// [`Gpu::launch`] on a two-dimensional grid.
