@@ -726,27 +726,45 @@ TC_QGEMV(bf16, BF16)
 
 // The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
 // blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).
+// NM stacked-expert weights (w[m], s[m], z[m]: a product, or a GLU's gate and up) applied to
+// pair p = blockIdx.y's row of x for expert ids[p]: out[m] for row blockIdx.x · 16 + threadIdx.x
+// (threads < 16), false where the id is out of range (the error flag is then set).
+template <class X, int NM>
+__device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const unsigned* const* w,
+                                               const void* const* s, const void* const* z, int sdt,
+                                               const void* ids, int id_kind, i64 top, i64 experts, i64 n, i64 k,
+                                               int group, int* error, int tag, float* out) {
+  const i64 p = blockIdx.y;
+  const i64 e = ld_index(ids, id_kind, p);
+  if (e < 0 || e >= experts) {  // the whole block leaves: e is the same for all its threads
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
+    return false;
+  }
+  const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
+  const typename X::T* xrow = (const typename X::T*)x + xr * k;
+  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
+  const unsigned* we[NM];
+  const void *se[NM], *ze[NM];
+#pragma unroll
+  for (int m = 0; m < NM; m++) {
+    we[m] = w[m] + rows * (k / 8);
+    se[m] = (const char*)s[m] + rows * groups * ssz;
+    ze[m] = (const char*)z[m] + rows * groups * ssz;
+  }
+  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out);
+  return true;
+}
+
 template <class X>
 __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const unsigned* w, const void* s,
                                                 const void* z, int sdt, const void* ids, int id_kind, void* y,
                                                 int ydt, i64 top, i64 experts, i64 n, i64 k, int group, int* error,
                                                 int tag) {
-  const i64 p = blockIdx.y;
-  const i64 e = ld_index(ids, id_kind, p);
-  if (e < 0 || e >= experts) {  // the whole block leaves: e is the same for all its threads
-    if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
-    return;
-  }
-  const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
-  const typename X::T* xrow = (const typename X::T*)x + xr * k;
-  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
-  const unsigned* we = w + rows * (k / 8);
-  const void* se = (const char*)s + rows * groups * ssz;
-  const void* ze = (const char*)z + rows * groups * ssz;
-  const i64 row0 = (i64)blockIdx.x * 16;
   float out[1];
-  tc_qdot<X, 1>(xrow, NormIn{}, true, &we, &se, &ze, sdt, row0, n, k, group, out);
-  if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, p * n + row0 + threadIdx.x, out[0]);
+  const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
+  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, ids, id_kind, top, experts, n, k, group, error, tag, out) &&
+      threadIdx.x < 16 && row < n)
+    stf(y, ydt, blockIdx.y * n + row, out[0]);
 }
 #define TC_GATHER(XN, X)                                                                                              \
   extern "C" __global__ void tc_gather_qgemv_##XN##_4(                                                                \
@@ -757,3 +775,22 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   }
 TC_GATHER(f16, F16)
 TC_GATHER(bf16, BF16)
+
+// The routed experts' gate and up with the activation and product (a MoE's gated MLP at decode)
+// in one launch: gather_qgemv's grid; y [pairs, n] = act(x·Gₑᵀ) · (x·Uₑᵀ) as tc_qglu stores it.
+#define TC_GATHER_GLU(XN, X)                                                                                          \
+  extern "C" __global__ void tc_gather_qglu_##XN##_4(                                                                 \
+      const void* x, i64 x_rows, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu,              \
+      const void* su, const void* zu, int sdt, const void* ids, int id_kind, void* y, int ydt, int gdt, int act,      \
+      i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag) {                                           \
+    const unsigned* ws[2] = {wg, wu};                                                                                 \
+    const void* ss[2] = {sg, su};                                                                                     \
+    const void* zs[2] = {zg, zu};                                                                                     \
+    float out[2];                                                                                                     \
+    const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;                                                               \
+    if (tc_gather_qdot<X, 2>(x, x_rows, ws, ss, zs, sdt, ids, id_kind, top, experts, n, k, group, error, tag, out) && \
+        threadIdx.x < 16 && row < n)                                                                                  \
+      stf(y, ydt, blockIdx.y * n + row, glu_out(out[0], out[1], gdt, act));                                           \
+  }
+TC_GATHER_GLU(f16, F16)
+TC_GATHER_GLU(bf16, BF16)

@@ -232,6 +232,42 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             .concat(),
         });
     }
+    // Routed experts' gate, up, SiLU and product at decode as one launch: two tokens, top 3 of
+    // 5 experts (one chosen twice by the second token), 4-bit group 64, k past one chunk.
+    for act in [DType::F16, DType::BF16] {
+        let (k, n, e) = (512, 48, 5);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[2, 1, k]);
+        let ids = b.input("ids", DType::U32, &[2, 3]);
+        let experts = |b: &mut GraphBuilder, seed: u64| {
+            let w = noise(seed, e * n * k);
+            let q = mlxcel_core::quant::quantize(&w, e * n, k, 4, 64);
+            let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
+            let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
+            let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
+            b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap()
+        };
+        let g = experts(&mut b, 41);
+        let g = b.silu(g).unwrap();
+        let u = experts(&mut b, 42);
+        let y = b.mul(g, u).unwrap();
+        let graph = mlxcel_core::passes::run_passes(&b.finish(&[y]), &mlxcel_core::passes::default_passes()).unwrap();
+        assert_eq!(
+            CudaBackend::launches_per_run(&graph).unwrap(),
+            1,
+            "the routed GLU in one launch"
+        );
+        cases.push(OpCase {
+            name: format!("fused routed glu {act}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[2, 1, k], &noise(43, 2 * k)).unwrap(),
+                HostTensor::from_slice(&[2, 3], &[4u32, 0, 2, 1, 3, 1]).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
+        });
+    }
     // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
     for (act, wdt) in [
         (DType::F16, DType::F16),

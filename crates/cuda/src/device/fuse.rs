@@ -4,7 +4,7 @@
 //! the plain graph stores it in, so results match the unfused kernels.
 //!
 //! - `act(x·Gᵀ) · (x·Uᵀ)` with act SiLU or GELU (the gated MLP's gate, up, activation and
-//!   product): one GEMV reading x once;
+//!   product): one GEMV reading x once; also for routed experts' gathered products at decode;
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
@@ -163,7 +163,11 @@ impl Fusion {
         for (i, fused) in self.anchored.iter().enumerate() {
             let (mut extra, norm): (Vec<NodeId>, _) = match fused {
                 None => continue,
-                Some(Fused::Glu { x, norm, .. }) => (vec![*x], norm),
+                // Routed experts also read their ids.
+                Some(Fused::Glu { x, g, norm, .. }) => match graph.nodes[*g].op {
+                    Op::GatherQuantizedMatMul { .. } => (vec![*x, graph.nodes[*g].inputs[4]], norm),
+                    _ => (vec![*x], norm),
+                },
                 Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
                 // x is the anchor's own input; the weights are parameters.
                 Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
@@ -338,6 +342,27 @@ fn glu_pair(graph: &Graph, g: usize, u: usize) -> bool {
         let (a, b) = (graph.node(ng.inputs[a]), graph.node(nu.inputs[b]));
         a.dtype == b.dtype && a.shape == b.shape
     };
+    if let (
+        Op::GatherQuantizedMatMul { bits, group_size },
+        Op::GatherQuantizedMatMul {
+            bits: bu,
+            group_size: gu,
+        },
+    ) = (&ng.op, &nu.op)
+    {
+        // Routed experts at decode: the tensor-core gathered GEMV, same ids for both.
+        let pairs: usize = graph.node(ng.inputs[4]).shape.iter().product();
+        let n = *ng.shape.last().unwrap_or(&0);
+        return bits == bu
+            && group_size == gu
+            && group_size % 32 == 0
+            && k.is_multiple_of(*group_size)
+            && ng.inputs[4] == nu.inputs[4]
+            && (1..4).all(|j| same(j, j))
+            && graph.node(ng.inputs[2]).dtype == graph.node(ng.inputs[3]).dtype
+            && pairs <= super::launch::GATHER_GEMV_PAIRS
+            && super::launch::tc_gemv_kernel("gather_qgemv", x.dtype, *bits, 1, n * pairs, k).is_some();
+    }
     if rows == 0 || rows > GEMV_ROWS || !x.dtype.is_float() {
         return false;
     }
@@ -541,6 +566,42 @@ mod tests {
             Some(Fused::Products { before, .. }) => assert_eq!(before, &[q, k]),
             other => panic!("expected fused dense products, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn routed_experts_gate_and_up_fuse_like_a_dense_mlp() {
+        let (k, n, e) = (256, 32, 4);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[1, 1, k]);
+        let ids = b.input("ids", DType::U32, &[1, 2]);
+        let mut experts = || {
+            let q = b.parameter(
+                "q",
+                HostTensor::from_slice(&[e, n, k / 8], &vec![0u32; e * n * k / 8]).unwrap(),
+            );
+            let s = b.parameter(
+                "s",
+                HostTensor::from_f32(DType::F16, &[e, n, k / 64], &vec![1.0; e * n * k / 64]).unwrap(),
+            );
+            let z = b.parameter(
+                "z",
+                HostTensor::from_f32(DType::F16, &[e, n, k / 64], &vec![0.0; e * n * k / 64]).unwrap(),
+            );
+            (q, s, z)
+        };
+        let (wg, wu) = (experts(), experts());
+        let g = b.gather_qmm(x, wg.0, wg.1, wg.2, ids, 4, 64).unwrap();
+        let a = b.silu(g).unwrap();
+        let u = b.gather_qmm(x, wu.0, wu.1, wu.2, ids, 4, 64).unwrap();
+        let y = b.mul(a, u).unwrap();
+        let graph = b.finish(&[y]);
+        let f = Fusion::find(&graph);
+        assert!(
+            matches!(f.anchored[y.index()], Some(Fused::Glu { g: gg, u: uu, .. }) if gg == g.index() && uu == u.index())
+        );
+        // The launch reads the ids: kept alive for it.
+        let planned = f.planning_graph(&graph);
+        assert!(planned.nodes[y.index()].inputs.contains(&ids));
     }
 
     #[test]

@@ -121,7 +121,7 @@ pub(crate) const GEMV_ROWS: usize = 8;
 
 /// (token, expert) pairs up to which a routed-expert product takes the gathered GEMV kernel
 /// (a block row per pair); more (prefill) go to the general kernel.
-const GATHER_GEMV_PAIRS: usize = 64;
+pub(crate) const GATHER_GEMV_PAIRS: usize = 64;
 
 /// How a gemv.cu kernel is launched.
 pub(crate) struct GemvLaunch {
@@ -927,6 +927,35 @@ pub(crate) fn fused(
                         args.extend(norm_in_args(graph, norm, at)?);
                     }
                     gpu.launch_gemv(&l, &args)
+                }
+                Op::GatherQuantizedMatMul { bits, group_size } => {
+                    let (sx, sw) = (&graph.node(*x).shape, &graph.node(ng.inputs[1]).shape);
+                    let ids = graph.node(ng.inputs[4]);
+                    let pairs: usize = ids.shape.iter().product();
+                    let l = tc_gemv_kernel("gather_qgemv", xdt, bits, 1, n * pairs, k)
+                        .ok_or_else(|| no_tensor_cores("routed GLU"))?;
+                    let mut args = vec![Ptr(at(x.index())), I64(sx[sx.len() - 2] as i64)];
+                    for j in [*g, *u] {
+                        args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
+                    }
+                    args.extend([
+                        I32(fcode(graph.node(ng.inputs[2]).dtype)?),
+                        Ptr(at(input(*g, 4))),
+                        I32(icode(ids.dtype)?),
+                        Ptr(at(i)),
+                    ]);
+                    args.extend(codes);
+                    args.extend([
+                        I64(*ids.shape.last().unwrap() as i64),
+                        I64(sw[0] as i64),
+                        I64(n as i64),
+                        I64(k as i64),
+                        I32(group_size as i32),
+                        Ptr(error),
+                        I32(tag),
+                    ]);
+                    let name = intern(l.name.replacen("tc_gather_qgemv_", "tc_gather_qglu_", 1));
+                    gpu.launch_grid(name, (n.div_ceil(16) as u32, pairs as u32), l.block, l.smem, &args)
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
