@@ -307,11 +307,11 @@ template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i
 // Decode attention split over the cache for grouped queries: block (b · hkv + kv head, split)
 // takes the G = hq / hkv query heads that share a kv head (up to GM) over keys
 // [split·chunk, split·chunk + chunk) of the valid range, so each key and value is read once
-// for the group. Head size D = 32 · E, a lane holding E consecutive channels. Four warps share
-// the keys: first the scores of every head (kept in shared memory), then each head's max and
-// exponentials, then the weighted values, summed over the warps. Writes attention_split's
-// partials (max, sum, unnormalized output) per query row, which attention_combine merges; the
-// parameters are attention_split's (its head sizes unused).
+// for the group. Head size D = 32 · E (128 or 256 as launched), a lane holding E channels.
+// Four warps share the keys: first the scores of every head (kept in shared memory), then each
+// head's max and exponentials, then the weighted values, summed over the warps. Writes
+// attention_split's partials (max, sum, unnormalized output) per query row, which
+// attention_combine merges; the parameters are attention_split's (its head sizes unused).
 template <int E, int GM>
 __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
                                               const void* kv_len, int len_kind, int len_count, float* part,
@@ -434,8 +434,6 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
     attention_gqa<E, GM>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window,    \
                          softcap, chunk, error, tag);                                                                \
   }
-ATTENTION_GQA(2, 4)
-ATTENTION_GQA(2, 8)
 ATTENTION_GQA(4, 4)
 ATTENTION_GQA(4, 8)
 ATTENTION_GQA(8, 4)
