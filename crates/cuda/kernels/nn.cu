@@ -435,6 +435,4 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
                          softcap, chunk, error, tag);                                                                \
   }
 ATTENTION_GQA(4, 4)
-ATTENTION_GQA(4, 8)
 ATTENTION_GQA(8, 4)
-ATTENTION_GQA(8, 8)

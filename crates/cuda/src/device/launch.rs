@@ -689,15 +689,16 @@ pub fn node(
                 ]);
                 // The grouped kernel takes the same parameters, a block per kv head.
                 let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
-                    Some((lane, heads)) => (
-                        match (lane, heads) {
-                            (4, 4) => "attention_gqa_4_4",
-                            (4, _) => "attention_gqa_4_8",
-                            (_, 4) => "attention_gqa_8_4",
-                            _ => "attention_gqa_8_8",
+                    // Shared memory (nn.cu): scores [4][chunk], per-warp outputs [4][4][D], max
+                    // and sum [2][4] (up to 4 heads a group).
+                    Some(lane) => (
+                        if lane == 4 {
+                            "attention_gqa_4_4"
+                        } else {
+                            "attention_gqa_8_4"
                         },
                         sq[0] * sk[1],
-                        4 * (heads * chunk + 4 * heads * 32 * lane + 2 * heads),
+                        4 * (4 * chunk + 4 * 4 * 32 * lane + 2 * 4),
                     ),
                     None => ("attention_split", rows, 0),
                 };
@@ -1327,11 +1328,12 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     Some(by_keys.max(min_splits).min(sk[2]).clamp(1, 256))
 }
 
-/// The grouped-query decode attention kernel for node `i`, as (channels a lane, most heads a
-/// group), where it applies: one query position, q, k and v heads alike of 128 or 256 channels,
-/// up to 8 query heads a kv head. For 64 channels the per-head kernel measured faster
-/// (qwen2.5-0.5b: 748 against 675 tok/s). `MLXCEL_ATT_GQA=0` keeps the per-head kernel.
-fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<(usize, usize)> {
+/// The grouped-query decode attention kernel for node `i`, as its channels a lane, where it
+/// applies: one query position, q, k and v heads alike of 128 or 256 channels,
+/// up to 4 query heads a kv head. Elsewhere the per-head kernel measured faster: 64 channels
+/// (qwen2.5-0.5b: 748 against 675 tok/s) and groups of 8 (qwen3-30b-a3b: 179.0 against 164.5,
+/// its per-lane registers for 8 heads). `MLXCEL_ATT_GQA=0` keeps the per-head kernel.
+fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !*ON.get_or_init(|| std::env::var("MLXCEL_ATT_GQA").map_or(true, |v| v != "0")) {
         return None;
@@ -1345,8 +1347,7 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<(usize, usize)> {
     let d = sq[3];
     let group = sq[1] / sk[1].max(1);
     let fits = sq[2] == 1 && sk[3] == d && sv[3] == d && matches!(d, 128 | 256);
-    (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=8).contains(&group))
-        .then_some((d / 32, if group <= 4 { 4 } else { 8 }))
+    (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=4).contains(&group)).then_some(d / 32)
 }
 
 /// `MLXCEL_ATT_KEYS`: cache positions a decode-attention split takes (default 32, the best of
