@@ -436,3 +436,35 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
   }
 ATTENTION_GQA(4, 4)
 ATTENTION_GQA(8, 4)
+
+// A decode layer's three small kernels before attention as one launch: rope of q [B, Hq, T, D]
+// into q_out (as rope), rope of k [B, H, T, D] into its cache (as rope_kv_write) and v
+// [B, H, T, Dv] into its cache (as kv_write), all in dtype dt; q and k share positions and
+// frequencies, both caches [B, H, S, ·] the write position wpos.
+extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, const void* k, void* kcache,
+                                          const void* v, void* vcache, i64 dv, int dt, const void* pos, int pos_kind,
+                                          int pos_batched, const void* freq, int fdt, i64 dims, int interleaved,
+                                          float scale, const void* wpos, int wpos_kind, int wpos_len, i64 b, i64 h,
+                                          i64 s, i64 t, i64 d, int* error, int tag) {
+  const i64 nq = b * hq * t * d, nk = b * h * t * d, nv = b * h * t * dv;
+  for (i64 idx = gid(); idx < nq + nk + nv; idx += gstride()) {
+    if (idx < nq) {
+      const float r = rope_value(q, dt, pos, pos_kind, pos_batched, freq, fdt, hq, t, d, dims, interleaved, scale, idx);
+      stf(q_out, dt, idx, r);
+      continue;
+    }
+    const bool is_v = idx >= nq + nk;
+    const i64 e = is_v ? idx - nq - nk : idx - nq, w = is_v ? dv : d;
+    const i64 j = e % w, ti = (e / w) % t, hi = (e / (w * t)) % h, bi = e / (w * t * h);
+    const i64 p = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
+    if (p < 0 || p + t > s) { atomicCAS(error, 0, tag); continue; }
+    const i64 dst = ((bi * h + hi) * s + p + ti) * w + j;
+    if (!is_v) {
+      stf(kcache, dt, dst, rope_value(k, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, e));
+    } else if (dt == 0) {
+      ((unsigned*)vcache)[dst] = ((const unsigned*)v)[e];
+    } else {
+      ((unsigned short*)vcache)[dst] = ((const unsigned short*)v)[e];
+    }
+  }
+}

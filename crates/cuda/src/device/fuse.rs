@@ -6,7 +6,8 @@
 //! - `act(x·Gᵀ) · (x·Uᵀ)` with act SiLU or GELU (the gated MLP's gate, up, activation and
 //!   product): one GEMV reading x once; also for routed experts' gathered products at decode;
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
-//! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache;
+//! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache, and with the queries'
+//!   rope and the values' cache write of the same attention, all three as one launch;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer;
@@ -39,6 +40,9 @@ pub enum Fused {
     Products { before: Vec<usize>, norm: Option<NormIn> },
     /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
     RopeKvWrite { rope: usize },
+    /// Anchor = the last of `q` (the queries' rope), `k` (the keys' cache write, its rope
+    /// absorbed) and `v` (the values' cache write), which one attention reads: one launch.
+    RopeQkvWrite { q: usize, k: usize, v: usize },
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
@@ -147,6 +151,7 @@ impl Fusion {
                 _ => {}
             }
         }
+        find_rope_qkv(graph, &consumers, &mut f);
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
         }
@@ -172,6 +177,13 @@ impl Fusion {
                 // x is the anchor's own input; the weights are parameters.
                 Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
+                Some(Fused::RopeQkvWrite { q, k, v }) => {
+                    let rope_k = graph.nodes[*k].inputs[1].index();
+                    let reads = [*q, rope_k, *k, *v]
+                        .into_iter()
+                        .flat_map(|j| graph.nodes[j].inputs.clone());
+                    (reads.collect(), &None)
+                }
             };
             // A GEMV computing its own input reads the sum's operands and the norm's weight.
             if let Some(n) = norm {
@@ -181,6 +193,61 @@ impl Fusion {
             g.nodes[i].inputs.extend(extra);
         }
         g
+    }
+}
+
+/// Joins, for each attention over fused rope-and-write keys, its queries' rope and its values'
+/// cache write to that launch: same dtype throughout, the two ropes alike (positions,
+/// frequencies, parameters), both writes at one position, and nothing reading the three before
+/// the last of them.
+fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for a in 0..graph.nodes.len() {
+        let node = &graph.nodes[a];
+        let Op::Attention { .. } = node.op else { continue };
+        let (q, k, v) = (node.inputs[0].index(), node.inputs[1].index(), node.inputs[2].index());
+        let Some(Fused::RopeKvWrite { rope: rk }) = f.anchored[k] else {
+            continue;
+        };
+        let (nq, nk, nv, nrk) = (&graph.nodes[q], &graph.nodes[k], &graph.nodes[v], &graph.nodes[rk]);
+        let ropes_alike = matches!(nq.op, Op::Rope { .. })
+            && format!("{:?}", nq.op) == format!("{:?}", nrk.op)
+            && nq.inputs[1] == nrk.inputs[1]
+            && same_values(graph, nq.inputs[2], nrk.inputs[2])
+            && nq.shape.len() == 4
+            && nq.shape[0] == nrk.shape[0]
+            && nq.shape[2..] == nrk.shape[2..];
+        let v_write = matches!(nv.op, Op::KvWrite)
+            && nv.inputs[2] == nk.inputs[2]
+            && nv.shape[..3] == nk.shape[..3]
+            && graph.node(nv.inputs[1]).shape[2] == nrk.shape[2];
+        let dtype = nq.dtype;
+        let one_dtype = [nk.dtype, nv.dtype, graph.node(nv.inputs[1]).dtype]
+            .iter()
+            .all(|&d| d == dtype);
+        let free = [q, v].iter().all(|&j| !f.absorbed[j] && f.anchored[j].is_none());
+        let anchor = q.max(k).max(v);
+        let unread = [q, k, v].iter().all(|&j| consumers[j].iter().all(|&c| c > anchor));
+        if ropes_alike && v_write && one_dtype && free && unread {
+            f.anchored[k] = None;
+            for j in [q, k, v] {
+                f.absorbed[j] = j != anchor;
+            }
+            f.anchored[anchor] = Some(Fused::RopeQkvWrite { q, k, v });
+        }
+    }
+}
+
+/// Whether `a` and `b` are one value: the same node, or constants with the same contents (each
+/// rope builds its own frequency table).
+fn same_values(graph: &Graph, a: NodeId, b: NodeId) -> bool {
+    if a == b {
+        return true;
+    }
+    match (&graph.node(a).op, &graph.node(b).op) {
+        (Op::Constant { data: x }, Op::Constant { data: y }) => {
+            x.dtype == y.dtype && x.shape == y.shape && x.bytes() == y.bytes()
+        }
+        _ => false,
     }
 }
 
@@ -543,6 +610,48 @@ mod tests {
                 assert!(f.absorbed[ri]);
             }
         }
+    }
+
+    /// Rope of q and k (each with its own, equal frequency table, as models build them), the
+    /// cache writes of k and v, attention; `q_read_early` also reads the rotated queries before
+    /// the cache writes.
+    fn rope_qkv(q_read_early: bool) -> (Graph, [usize; 4]) {
+        let mut b = GraphBuilder::default();
+        let q = b.input("q", DType::F16, &[1, 4, 1, 8]);
+        let k = b.input("k", DType::F16, &[1, 2, 1, 8]);
+        let v = b.input("v", DType::F16, &[1, 2, 1, 8]);
+        let pos = b.input("pos", DType::I32, &[1]);
+        let at = b.input("at", DType::I32, &[]);
+        let len = b.input("len", DType::I32, &[]);
+        let freqs = |b: &mut GraphBuilder| {
+            b.constant(HostTensor::from_f32(DType::F32, &[4], &[1.0, 0.5, 0.25, 0.125]).unwrap())
+        };
+        let (fq, fk) = (freqs(&mut b), freqs(&mut b));
+        let kc = b.state("k_cache", DType::F16, &[1, 2, 4, 8]);
+        let vc = b.state("v_cache", DType::F16, &[1, 2, 4, 8]);
+        let rq = b.rope(q, pos, fq, 8, false, 1.0).unwrap();
+        let rk = b.rope(k, pos, fk, 8, false, 1.0).unwrap();
+        let early = q_read_early.then(|| b.silu(rq).unwrap());
+        let wk = b.kv_write(kc, rk, at).unwrap();
+        let wv = b.kv_write(vc, v, at).unwrap();
+        let o = b.attention(rq, wk, wv, len, 0.5, true, None, None).unwrap();
+        let outs: Vec<NodeId> = [Some(o), early].into_iter().flatten().collect();
+        (b.finish(&outs), [rq.index(), rk.index(), wk.index(), wv.index()])
+    }
+
+    #[test]
+    fn the_ropes_and_cache_writes_before_attention_are_one_launch() {
+        let (graph, [rq, rk, wk, wv]) = rope_qkv(false);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { q, k, v }) if (q, k, v) == (rq, wk, wv)));
+        assert!(f.absorbed[rq] && f.absorbed[rk] && f.absorbed[wk] && !f.absorbed[wv]);
+        assert!(f.anchored[wk].is_none());
+        let (graph, [rq, _, wk, wv]) = rope_qkv(true);
+        let f = Fusion::find(&graph);
+        // Rotated queries read before the writes: the keys' rope and write stay one kernel, the
+        // rest apart.
+        assert!(matches!(f.anchored[wk], Some(Fused::RopeKvWrite { .. })));
+        assert!(!f.absorbed[rq] && f.anchored[wv].is_none());
     }
 
     #[test]

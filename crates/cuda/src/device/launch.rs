@@ -1011,6 +1011,32 @@ pub(crate) fn fused(
             args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
             gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
+        Fused::RopeQkvWrite { q, k, v } => {
+            let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
+            let Op::Rope {
+                dims,
+                interleaved,
+                scale,
+            } = rq.op
+            else {
+                unreachable!("RopeQkvWrite holds the queries' rope")
+            };
+            let (sq, sk) = (&rq.shape, &graph.nodes[rk].shape);
+            let dv = *graph.node(graph.nodes[*v].inputs[1]).shape.last().unwrap();
+            // rope's leading parameters for q (x, dtype, positions, frequencies), split around
+            // the k and v pointers the kernel takes after q's.
+            let lead = rope_inputs(graph, *q, &|j| at(input(*q, j)))?;
+            let mut args = vec![lead[0].clone(), Ptr(at(*q)), I64(sq[1] as i64)];
+            args.extend([Ptr(at(input(rk, 0))), Ptr(at(*k))]);
+            args.extend([Ptr(at(input(*v, 1))), Ptr(at(*v)), I64(dv as i64)]);
+            args.extend(lead[1..].iter().cloned());
+            args.extend([I64(dims as i64), I32(i32::from(interleaved)), F32(scale)]);
+            let place = cache_write_place(graph, *k, sk, at(input(*k, 2)), error, tag)?;
+            args.extend(place);
+            let keys: usize = sk.iter().product();
+            let n = sq.iter().product::<usize>() + keys + keys / sk[3].max(1) * dv;
+            gpu.launch("rope_qkv_write", blocks(n), THREADS, 0, &args)
+        }
         Fused::Products { before, norm } => {
             let x = graph.node(node.inputs[0]);
             let k = *x.shape.last().unwrap();
