@@ -190,9 +190,12 @@ pub enum Op {
     Broadcast,
 
     // ---- sorting ----
-    /// Indices (`u32`) of the `k` largest along the last axis, largest first, ties by index.
+    /// Indices (`u32`) of the `k` largest along the last axis, largest first; among equal
+    /// values the lower index first, or the higher one with `higher_on_ties` (what MLX's
+    /// `argpartition(p)[-k:]` keeps, as qwen3_moe's router uses it).
     TopK {
         k: usize,
+        higher_on_ties: bool,
     },
     /// Stable sort indices (`u32`) along the last axis.
     ArgSort {

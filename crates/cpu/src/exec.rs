@@ -108,7 +108,7 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
             out,
             node.dtype.size(),
         ),
-        Op::TopK { k } => index::topk(v(0), *shape(0).last().unwrap(), *k, o),
+        Op::TopK { k, higher_on_ties } => index::topk(v(0), *shape(0).last().unwrap(), *k, *higher_on_ties, o),
         Op::ArgSort { descending } => index::argsort(v(0), *shape(0).last().unwrap(), *descending, o),
         Op::SampleCategorical { seed } => index::sample_categorical(v(0), shape(0), v(1), *seed, o),
         Op::Transpose { perm } => {

@@ -51,15 +51,22 @@ __device__ __forceinline__ bool before(float a, i64 ia, float b, i64 ib, int des
   return ia < ib;
 }
 
+// The index `before` compares for element i: itself, or negated so that among equal values the
+// higher index sorts first (TopK's higher_on_ties).
+__device__ __forceinline__ i64 tie_key(i64 i, int high) { return high ? -i : i; }
+
 // One thread per row: insertion sort of indices (rows are short: the host refuses long ones).
 extern "C" __global__ void argsort_rows(const void* x, int dt, i64 rows, i64 n, int descending, i64 keep, unsigned* y,
-                                        unsigned* scratch) {
+                                        unsigned* scratch, int high) {
   for (i64 r = gid(); r < rows; r += gstride()) {
     unsigned* ix = scratch + r * n;
     for (i64 i = 0; i < n; i++) {
       float v = ldf(x, dt, r * n + i);
       i64 j = i;
-      while (j > 0 && before(v, i, ldf(x, dt, r * n + ix[j - 1]), ix[j - 1], descending)) { ix[j] = ix[j - 1]; j--; }
+      while (j > 0 && before(v, tie_key(i, high), ldf(x, dt, r * n + ix[j - 1]), tie_key(ix[j - 1], high), descending)) {
+        ix[j] = ix[j - 1];
+        j--;
+      }
       ix[j] = (unsigned)i;
     }
     for (i64 i = 0; i < keep; i++) y[r * keep + i] = ix[i];
@@ -68,9 +75,9 @@ extern "C" __global__ void argsort_rows(const void* x, int dt, i64 rows, i64 n, 
 
 // Top-k of short rows (n <= 1024, the MoE router's expert scores): one warp a row holds the
 // row in registers (32 values a lane) and takes `keep` rounds of a warp-wide selection of the
-// next element in sort order (descending, NaN first, ties by lower index) among those not yet
-// taken, so the result equals argsort_rows' first `keep` entries.
-extern "C" __global__ void topk_warp(const void* x, int dt, i64 rows, i64 n, i64 keep, unsigned* y) {
+// next element in sort order (descending, NaN first, ties by lower index, or higher with `high`)
+// among those not yet taken, so the result equals argsort_rows' first `keep` entries.
+extern "C" __global__ void topk_warp(const void* x, int dt, i64 rows, i64 n, i64 keep, unsigned* y, int high) {
   const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -87,13 +94,16 @@ extern "C" __global__ void topk_warp(const void* x, int dt, i64 rows, i64 n, i64
 #pragma unroll
     for (int t = 0; t < 32; t++) {
       const int i = lane + 32 * t;
-      if (i < n && !((taken >> t) & 1u) && (bi < 0 || before(v[t], i, bv, bi, 1))) { bv = v[t]; bi = i; }
+      if (i < n && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
+        bv = v[t];
+        bi = i;
+      }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi, 1))) { bv = ov; bi = oi; }
+      if (oi >= 0 && (bi < 0 || before(ov, tie_key(oi, high), bv, tie_key(bi, high), 1))) { bv = ov; bi = oi; }
     }
     if (lane == 0) y[row * keep + r] = (unsigned)bi;
     if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);

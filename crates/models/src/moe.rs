@@ -232,30 +232,9 @@ impl SwitchLinear {
 /// The `k` most probable experts of `probs [.., E]`: ids (`u32 [.., k]`) and their
 /// probabilities (`[.., k]`), most probable first, ties broken by `ties`.
 pub fn top_experts(b: &mut GraphBuilder, probs: NodeId, k: usize, ties: TieBreak) -> Result<(NodeId, NodeId)> {
-    match ties {
-        TieBreak::LowestIndex => {
-            // TopK itself prefers the lower index among equals.
-            let ids = b.topk(probs, k)?;
-            let p = b.take_along_axis(probs, ids, -1)?;
-            Ok((ids, p))
-        }
-        TieBreak::HighestIndex => {
-            // On the reversed expert axis, TopK's lower index is the higher original one.
-            let shape = b.shape(probs).to_vec();
-            let e = *shape.last().unwrap_or(&0);
-            let reversed: Vec<u32> = (0..e as u32).rev().collect();
-            let mut row = vec![1; shape.len()];
-            *row.last_mut().unwrap() = e;
-            let reversed = b.constant(HostTensor::from_slice(&row, &reversed)?);
-            let reversed = b.broadcast_to(reversed, &shape)?;
-            let flipped = b.take_along_axis(probs, reversed, -1)?;
-            let r = b.topk(flipped, k)?;
-            let p = b.take_along_axis(flipped, r, -1)?;
-            let last = b.constant(HostTensor::from_slice(&[], &[e as u32 - 1])?);
-            let ids = b.sub(last, r)?;
-            Ok((ids, p))
-        }
-    }
+    let ids = b.topk_ties(probs, k, ties == TieBreak::HighestIndex)?;
+    let p = b.take_along_axis(probs, ids, -1)?;
+    Ok((ids, p))
 }
 
 /// The sparse feed-forward block: router, routed experts, optional shared expert.
@@ -462,21 +441,16 @@ mod tests {
     }
 
     #[test]
-    fn the_reversed_expert_ids_are_a_constant_after_the_passes() {
-        // HighestIndex flips the expert axis with a broadcast constant: the passes fold it,
-        // so no kernel rebuilds it every step.
-        let mut b = mlxcel_core::GraphBuilder::default();
-        let probs = b.input("probs", DType::F32, &[1, 1, 8]);
-        let (ids, p) = top_experts(&mut b, probs, 2, TieBreak::HighestIndex).unwrap();
-        let g = b.finish(&[ids, p]);
-        let count = |g: &mlxcel_core::Graph| {
-            g.nodes
-                .iter()
-                .filter(|n| matches!(n.op, mlxcel_core::Op::Broadcast))
-                .count()
-        };
-        assert_eq!(count(&g), 1);
-        let g = mlxcel_core::passes::run_passes(&g, &mlxcel_core::passes::default_passes()).unwrap();
-        assert_eq!(count(&g), 0);
+    fn either_tie_rule_routes_with_one_topk_and_one_gather() {
+        // The tie rule is TopK's own: no flipped copy of the probabilities, no id arithmetic.
+        for (ties, high) in [(TieBreak::HighestIndex, true), (TieBreak::LowestIndex, false)] {
+            let mut b = mlxcel_core::GraphBuilder::default();
+            let probs = b.input("probs", DType::F32, &[1, 1, 8]);
+            let (ids, p) = top_experts(&mut b, probs, 2, ties).unwrap();
+            let g = b.finish(&[ids, p]);
+            let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.name()).collect();
+            assert_eq!(ops, ["input", "topk", "take_along_axis"], "{ties:?}");
+            assert!(matches!(g.nodes[1].op, mlxcel_core::Op::TopK { k: 2, higher_on_ties } if higher_on_ties == high));
+        }
     }
 }

@@ -489,6 +489,11 @@ impl GraphBuilder {
     }
 
     pub fn topk(&mut self, x: NodeId, k: usize) -> Result<NodeId> {
+        self.topk_ties(x, k, false)
+    }
+
+    /// [`GraphBuilder::topk`], ties going to the higher index when `higher_on_ties`.
+    pub fn topk_ties(&mut self, x: NodeId, k: usize, higher_on_ties: bool) -> Result<NodeId> {
         let s = self.shape(x).to_vec();
         let n = *s.last().ok_or_else(|| shape_err("topk", "scalar input"))?;
         if k == 0 || k > n {
@@ -496,7 +501,7 @@ impl GraphBuilder {
         }
         let mut shape = s;
         *shape.last_mut().unwrap() = k;
-        Ok(self.push(Op::TopK { k }, vec![x], shape, DType::U32, "topk"))
+        Ok(self.push(Op::TopK { k, higher_on_ties }, vec![x], shape, DType::U32, "topk"))
     }
 
     pub fn argsort(&mut self, x: NodeId, descending: bool) -> Result<NodeId> {

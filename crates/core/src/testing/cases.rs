@@ -1190,6 +1190,12 @@ fn sorting(cases: &mut Vec<OpCase>) -> Result<()> {
         let x = c.input_tensor("x", x);
         let y = c.b.topk(x, k)?;
         cases.push(c.finish(&[y], 1.0));
+        // The same rows, ties to the higher index (qwen3_moe's router).
+        let mut c = Case::new(format!("topk/{dt}/n33/k{k}/higher_on_ties"));
+        let x = c.grid(dt, &[3, 33], -8, 8, if dt.is_float() { 0.125 } else { 1.0 })?;
+        let x = c.input_tensor("x", x);
+        let y = c.b.topk_ties(x, k, true)?;
+        cases.push(c.finish(&[y], 1.0));
     }
     {
         let mut c = Case::new("topk/f32/rank3/n31/k4".into());

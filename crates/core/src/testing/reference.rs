@@ -183,9 +183,17 @@ fn compute(node: &Node, x: &[&Value]) -> Result<Vec<f64>> {
         Op::Slice { start, step, .. } => slice(x[0], start, step, &node.shape),
         Op::Concat { axis } => concat(x, *axis),
         Op::Broadcast => broadcast(x[0], &node.shape),
-        Op::TopK { k } => last_axis_lanes(x[0])
+        Op::TopK { k, higher_on_ties } => last_axis_lanes(x[0])
             .iter()
-            .flat_map(|lane| sorted_indices(lane, true).take(*k))
+            .flat_map(|lane| {
+                if !higher_on_ties {
+                    return sorted_indices(lane, true).take(*k).collect::<Vec<_>>();
+                }
+                // Higher index first among equals: the lower-first order of the reversed lane.
+                let reversed: Vec<f64> = lane.iter().rev().copied().collect();
+                let last = (lane.len() - 1) as f64;
+                sorted_indices(&reversed, true).take(*k).map(|i| last - i).collect()
+            })
             .collect(),
         Op::ArgSort { descending } => last_axis_lanes(x[0])
             .iter()
@@ -1307,6 +1315,14 @@ mod tests {
         let x = b.constant(tensor(DType::F32, &[4], &[1.0, 3.0, 3.0, 2.0]));
         let y = b.topk(x, 3).unwrap();
         assert_eq!(eval1(b, y, &[]), [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn topk_can_break_ties_by_higher_index() {
+        let mut b = GraphBuilder::default();
+        let x = b.constant(tensor(DType::F32, &[6], &[3.0, 1.0, 3.0, 2.0, 3.0, 2.0]));
+        let y = b.topk_ties(x, 5, true).unwrap();
+        assert_eq!(eval1(b, y, &[]), [4.0, 2.0, 0.0, 5.0, 3.0]);
     }
 
     #[test]

@@ -49,7 +49,9 @@ pub fn take_along_axis(
 
 /// Orders indices of one row by value, largest first (`descending`) or smallest first; ties
 /// keep the lower index first; NaN sorts as the largest value (as numpy and MLX sort it last).
-fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool) {
+/// Sorts `idx` by the row's values (NaN as the largest), equal values by index: lower first,
+/// or higher first with `higher_on_ties`.
+fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool, higher_on_ties: bool) {
     let key = |i: u32| {
         let v = x.get_f64(base + i as usize);
         if v.is_nan() {
@@ -65,7 +67,8 @@ fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool) {
         } else {
             ka.partial_cmp(&kb)
         };
-        ord.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+        let by_index = if higher_on_ties { b.cmp(&a) } else { a.cmp(&b) };
+        ord.unwrap_or(std::cmp::Ordering::Equal).then(by_index)
     });
 }
 
@@ -75,13 +78,13 @@ pub fn argsort(x: In, n: usize, descending: bool, out: Out) -> Result<()> {
     };
     for (r, row) in o.chunks_mut(n).enumerate() {
         row.iter_mut().enumerate().for_each(|(i, v)| *v = i as u32);
-        sort_row(&x, r * n, row, descending);
+        sort_row(&x, r * n, row, descending, false);
     }
     Ok(())
 }
 
-/// Indices of the `k` largest per row, largest first.
-pub fn topk(x: In, n: usize, k: usize, out: Out) -> Result<()> {
+/// Indices of the `k` largest per row, largest first (ties as [`sort_row`]).
+pub fn topk(x: In, n: usize, k: usize, higher_on_ties: bool, out: Out) -> Result<()> {
     let Out::U32(o) = out else {
         return Err(dtype_mismatch("topk"));
     };
@@ -89,7 +92,7 @@ pub fn topk(x: In, n: usize, k: usize, out: Out) -> Result<()> {
     for (r, row) in o.chunks_mut(k).enumerate() {
         idx.clear();
         idx.extend(0..n as u32);
-        sort_row(&x, r * n, &mut idx, true);
+        sort_row(&x, r * n, &mut idx, true, higher_on_ties);
         row.copy_from_slice(&idx[..k]);
     }
     Ok(())

@@ -780,9 +780,9 @@ pub fn node(
         Op::TopK { .. } | Op::ArgSort { .. } => {
             let row = *input(0).shape.last().unwrap();
             let rows = input(0).shape.iter().product::<usize>() / row.max(1);
-            let (descending, keep) = match &node.op {
-                Op::TopK { k } => (1, *k),
-                Op::ArgSort { descending } => (i32::from(*descending), row),
+            let (descending, keep, high) = match &node.op {
+                Op::TopK { k, higher_on_ties } => (1, *k, i32::from(*higher_on_ties)),
+                Op::ArgSort { descending } => (i32::from(*descending), row, 0),
                 _ => unreachable!(),
             };
             if matches!(node.op, Op::TopK { .. }) && row <= 1024 {
@@ -794,6 +794,7 @@ pub fn node(
                     I64(row as i64),
                     I64(keep as i64),
                     Ptr(out),
+                    I32(high),
                 ];
                 return gpu.launch("topk_warp", rows.div_ceil(8) as u32, 256, 0, &args);
             }
@@ -806,6 +807,7 @@ pub fn node(
                 I64(keep as i64),
                 Ptr(out),
                 Ptr(scratch),
+                I32(high),
             ];
             gpu.launch("argsort_rows", blocks(rows), THREADS, 0, &args)
         }
