@@ -360,26 +360,24 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         }) else {
             continue;
         };
-        let (parts, bits_k): (Vec<usize>, _) = match &f.anchored[anchor] {
-            Some(Fused::Glu { g, u, .. }) => (vec![*g, *u], (*g, "qglu")),
-            Some(Fused::Products { before, .. }) => {
-                (before.iter().copied().chain([anchor]).collect(), (anchor, "qgemv"))
-            }
+        let (mut parts, family): (Vec<usize>, _) = match &f.anchored[anchor] {
+            Some(Fused::Glu { g, u, .. }) => (vec![*g, *u], "qglu"),
+            Some(Fused::Products { before, .. }) => (before.iter().copied().chain([anchor]).collect(), "qgemv"),
             _ => continue,
         };
-        let mut sorted_users = users.clone();
-        sorted_users.sort_unstable();
-        let mut sorted_parts = parts.clone();
-        sorted_parts.sort_unstable();
-        let (p, family) = bits_k;
-        let tensor_cores = match graph.nodes[p].op {
+        // The products the launch computes (all of one op) take the tensor-core GEMV.
+        let product = &graph.nodes[parts[0]];
+        let tensor_cores = match product.op {
             Op::QuantizedMatMul { bits, .. } => {
-                let n = *graph.nodes[p].shape.last().unwrap_or(&0);
+                let n = *product.shape.last().unwrap_or(&0);
                 super::launch::tc_gemv_kernel(family, norm.dtype, bits, 1, n, d).is_some()
             }
             _ => false,
         };
-        let ok = sorted_users == sorted_parts
+        let mut sorted_users = users.clone();
+        sorted_users.sort_unstable();
+        parts.sort_unstable();
+        let ok = sorted_users == parts
             && parts.iter().all(|&q| graph.nodes[q].inputs[0].index() == r)
             && tensor_cores
             && consumers[add].iter().all(|&c| c == r || c > anchor);
