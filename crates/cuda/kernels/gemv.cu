@@ -442,8 +442,8 @@ DGEMV_X(f16, F16)
 DGEMV_X(bf16, BF16)
 
 // ---- One row of x by 4-bit weights on the tensor cores (x in f16 or bf16) ----------------------
-// A warp computes 16 weight rows over chunks of 256 values of k with mma.m16n8k16 (f32
-// accumulation). Each nibble becomes the 16-bit float off + q with one LOP3: the nibble under
+// A warp computes 16 weight rows over chunks of 256 values of k (the last may be 128) with
+// mma.m16n8k16 (f32 accumulation). Each nibble becomes the 16-bit float off + q with one LOP3: the nibble under
 // the exponent of `off` (1024 in f16, 128 in bf16), whose unit in the last place is 1, so the
 // value is exact and the offset comes back out through the sum of x. x is staged in shared
 // memory in its own dtype, each 8 values reordered (0,4,1,5,2,6,3,7) to match the nibble pairs
@@ -571,17 +571,21 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
   const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
-  const i64 wrow = k / 8, groups = k / group, chunks = k / 256;
+  // k a multiple of 128: where it is not one of 256, the last chunk is half (its runs 0-3, the
+  // words t; the second mma of each pair and the lanes of runs 4-7 sit it out).
+  const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
+  const bool half_last = k % 256 != 0;
   uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
   auto fetch = [&](i64 c) {  // chunk c's words into q
+    const bool full = !half_last || c + 1 < chunks;
 #pragma unroll
     for (int m = 0; m < NM; m++) {
       const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
       const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
       q[m][0][0] = __ldcs(pa + t);
-      q[m][0][1] = __ldcs(pa + t + 4);
+      q[m][0][1] = full ? __ldcs(pa + t + 4) : make_uint4(0, 0, 0, 0);
       q[m][1][0] = __ldcs(pb + t);
-      q[m][1][1] = __ldcs(pb + t + 4);
+      q[m][1][1] = full ? __ldcs(pb + t + 4) : make_uint4(0, 0, 0, 0);
     }
   };
   if (warp < chunks) fetch(warp);
@@ -590,9 +594,12 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   for (i64 c = warp; c < chunks; c += warps) {
-    // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b.
+    // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b (none past k in a half
+    // chunk; runs is a multiple of 4, so run + 1 is in when run is).
+    const bool full = !half_last || c + 1 < chunks;
     const i64 run = c * 8 + 2 * t;
-    const i64 g0 = run * 32 / group, g1 = (run + 1) * 32 / group;
+    const bool in = run < runs;
+    const i64 g0 = in ? run * 32 / group : 0, g1 = in ? (run + 1) * 32 / group : 0;
     float sc[NM][4], bi[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) {
@@ -605,12 +612,13 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       bi[m][2] = ldf(z[m], sdt, rb * groups + g0);
       bi[m][3] = ldf(z[m], sdt, rb * groups + g1);
     }
-    const float s0 = xsum[run], s1 = xsum[run + 1];
+    const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
+      if (u == 1 && !full) break;  // uniform across the warp
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
@@ -635,6 +643,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     }
 #pragma unroll
     for (int m = 0; m < NM; m++) {
+      if (!in) break;
       acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
       acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
       acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
@@ -690,7 +699,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 TC_QGEMV3(f16, F16)
 TC_QGEMV3(bf16, BF16)
 
-// The parameter lists of qgemv and qglu (m must be 1; k a multiple of 256; blockDim.x at most
+// The parameter lists of qgemv and qglu (m must be 1; k a multiple of 128; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
 #define TC_QGEMV(XN, X)                                                                                               \
   extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,                  \

@@ -145,10 +145,12 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         }
     }
     // Gemma's GELU (tanh) gated MLP through the same fused kernels: 4-bit (CUDA cores, k not a
-    // multiple of 256; tensor cores) and dense, one row.
+    // multiple of 128; tensor cores, also with Gemma 3 1B's k = 1152, which ends in a half
+    // chunk) and dense, one row.
     for (act, wdt, bits, k) in [
         (DType::BF16, DType::BF16, 4u32, 192usize),
         (DType::F16, DType::F16, 4, 256),
+        (DType::BF16, DType::BF16, 4, 1152),
         (DType::BF16, DType::BF16, 0, 192),
     ] {
         let n = 48;
@@ -198,8 +200,11 @@ fn fused_decode_patterns_match_the_cpu_backend() {
     // The add + RMSNorm in front of them computed inside their launch (the residual sum an
     // output too), with w and with 1 + w (Gemma's form). Norm weights in x's dtype: f32 ones
     // would make the norm's output f32 (MLX's promotion) and the products CUDA-core ones.
-    for (act, nwdt, unit) in [(DType::F16, DType::F16, true), (DType::BF16, DType::BF16, false)] {
-        let k = 768;
+    // Gemma's width (1152, a half chunk at the end) with 1 + w, and llama's form.
+    for (act, nwdt, unit, k) in [
+        (DType::F16, DType::F16, true, 1152usize),
+        (DType::BF16, DType::BF16, false, 768),
+    ] {
         let mut b = GraphBuilder::default();
         let h = b.input("h", act, &[1, 1, k]);
         let d = b.input("d", act, &[1, 1, k]);

@@ -709,10 +709,18 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], accumulation(256)));
         }
     }
-    // Decode-shaped products: one row of x, k a multiple of 256 (what CUDA's tensor-core GEMV
-    // takes), n not always a multiple of its 16-row tiles.
+    // Decode-shaped products: one row of x, k a multiple of 128 (what CUDA's tensor-core GEMV
+    // takes; 384 and Gemma 3 1B's 1152 end in a half chunk), n not always a multiple of its
+    // 16-row tiles.
     for &dt in &[F16, BF16] {
-        for (group, k, n) in [(32usize, 256usize, 37usize), (64, 768, 20), (128, 512, 16)] {
+        for (group, k, n) in [
+            (32usize, 256usize, 37usize),
+            (64, 768, 20),
+            (128, 512, 16),
+            (32, 384, 24),
+            (64, 1152, 40),
+            (128, 384, 16),
+        ] {
             let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g{group}/decode/1x{k}/n{n}"));
             let x = c.input("x", dt, &[1, 1, k], 1.0)?;
             let [w, s, b] = c.quantized("proj", &[n], k, (4, group), dt)?;

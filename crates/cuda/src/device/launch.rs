@@ -170,10 +170,10 @@ pub(crate) fn gemv_kernel(
 }
 
 /// The tensor-core GEMV (gemv.cu, `tc_{family}_{x}_4`) for one row of f16 or bf16 x by 4-bit
-/// weights, when it applies: k a multiple of 256 (its chunk), x staged whole in shared memory.
-/// A block computes 16 weight rows, its warps splitting k: as many warps (a power of two up to
-/// 16, at least 2, at most the chunks) as keep about 32 warps on each SM. `MLXCEL_GEMV_TC=0` turns it
-/// off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
+/// weights, when it applies: k a multiple of 128 (half its 256-value chunk), x staged whole in
+/// shared memory. A block computes 16 weight rows, its warps splitting k: as many warps (a power
+/// of two up to 16, at least 2, at most the chunks) as keep about 32 warps on each SM.
+/// `MLXCEL_GEMV_TC=0` turns it off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
 pub(crate) fn tc_gemv_kernel(
     family: &str,
     x: mlxcel_core::DType,
@@ -184,7 +184,7 @@ pub(crate) fn tc_gemv_kernel(
 ) -> Option<GemvLaunch> {
     use mlxcel_core::DType;
     let tune = gemv_tuning();
-    if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(256)
+    if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(128)
     {
         return None;
     }
@@ -192,7 +192,7 @@ pub(crate) fn tc_gemv_kernel(
     if smem > MAX_STAGED_BYTES {
         return None;
     }
-    let chunks = k / 256;
+    let chunks = k.div_ceil(256);
     let tiles = n.div_ceil(16);
     let warps = tune.tc_warps.unwrap_or_else(|| {
         let want = (132 * 32usize).div_ceil(tiles).clamp(2, 16).min(chunks);
