@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU, first call of a session: correctness (op cases, fused patterns, parity) of what landed
 # since the last GPU run, the representative sweep, and each recent change off side by side:
-# both RoPE fusions (MLXCEL_CUDA_FUSE_ROPE=0), and for Gemma the tensor-core GEMV (its
-# 1152-wide products need the half-chunk path). One file back: $OUT/report.txt.
+# both RoPE fusions (MLXCEL_CUDA_FUSE_ROPE=0), for Gemma the tensor-core GEMV (its 1152-wide
+# products need the half-chunk path), and the MoE router fusion. One file back: $OUT/report.txt.
 cd "$(dirname "$0")/../.."
 lib=$(dirname "$(find / -name 'libcublas.so.1*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_CACHE_DIR=/tmp/mlxcel-cache MLXCEL_TEST_ROOT=$PWD
@@ -23,5 +23,6 @@ bench() {  # name preset env...
 bench llama-rope-apart llama-3.1-8b-4bit MLXCEL_CUDA_FUSE_ROPE=0
 bench qwen05-rope-apart qwen2.5-0.5b-bf16 MLXCEL_CUDA_FUSE_ROPE=0
 bench gemma-cuda-cores gemma3-1b-4bit MLXCEL_GEMV_TC=0
+bench moe-router-apart qwen3-30b-a3b-4bit MLXCEL_CUDA_FUSE_ROUTER=0
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt

@@ -146,3 +146,63 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
   }
   if (threadIdx.x == 0) y[row] = (unsigned)(bi[0] >= vocab ? 0 : bi[0]);
 }
+
+// A MoE router after its product as one launch: softmax over the E experts of each row, the top
+// k (descending, ties by tie_key), their probabilities, and with `renorm` those divided by their
+// sum. A warp a row (E <= 1024: 32 values a lane). Every intermediate is rounded to dt as the
+// plain graph (softmax, topk, take_along, sum, div) stores it, so the ids and weights match it.
+extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
+                                     unsigned* ids, void* weights) {
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float v[32];
+  float m = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < 32; t++) {
+    const i64 i = lane + 32 * t;
+    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
+    m = fmaxf(m, v[t]);
+  }
+  m = warp_max(m);
+  float s = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 32; t++) {
+    v[t] = lane + 32 * t < e && m != -INFINITY ? expf(v[t] - m) : 0.0f;
+    s += v[t];
+  }
+  s = warp_sum(s);
+  const float inv = m == -INFINITY ? 0.0f : 1.0f / s;
+#pragma unroll
+  for (int t = 0; t < 32; t++) v[t] = round_to(v[t] * inv, dt);  // the softmax as stored
+  unsigned taken = 0;
+  float total = 0.0f;
+  for (i64 r = 0; r < k; r++) {
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int t = 0; t < 32; t++) {
+      const int i = lane + 32 * t;
+      if (i < e && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
+        bv = v[t];
+        bi = i;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi >= 0 && (bi < 0 || before(ov, tie_key(oi, high), bv, tie_key(bi, high), 1))) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) {
+      ids[row * k + r] = (unsigned)bi;
+      stf(weights, dt, row * k + r, bv);
+      total += bv;
+    }
+    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+  }
+  if (lane == 0 && renorm) {
+    const float sum = round_to(total, dt);  // the sum as stored
+    for (i64 r = 0; r < k; r++) stf(weights, dt, row * k + r, ldf(weights, dt, row * k + r) / sum);
+  }
+}

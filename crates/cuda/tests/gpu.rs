@@ -273,6 +273,33 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
         });
     }
+    // A MoE router (softmax over 128 experts, top 8 with ties to the higher index, the chosen
+    // renormalized) as one launch; logits of five values, so probabilities tie often.
+    for act in [DType::F16, DType::BF16] {
+        let (e, k) = (128, 8);
+        let mut b = GraphBuilder::default();
+        let logits = b.input("logits", act, &[2, 1, e]);
+        let probs = b.softmax(logits, -1).unwrap();
+        let ids = b.topk_ties(probs, k, true).unwrap();
+        let w = b.take_along_axis(probs, ids, -1).unwrap();
+        let total = b.sum(w, -1, true).unwrap();
+        let w = b.div(w, total).unwrap();
+        let graph =
+            mlxcel_core::passes::run_passes(&b.finish(&[ids, w]), &mlxcel_core::passes::default_passes()).unwrap();
+        assert_eq!(
+            CudaBackend::launches_per_run(&graph).unwrap(),
+            1,
+            "the router in one launch"
+        );
+        let values: Vec<f32> = (0..2 * e).map(|i| ((i * 7 % 5) as f32) * 0.5).collect();
+        cases.push(OpCase {
+            name: format!("fused moe router {act}"),
+            graph,
+            inputs: vec![HostTensor::from_f32(act, &[2, 1, e], &values).unwrap()],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
+        });
+    }
     // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
     for (act, wdt) in [
         (DType::F16, DType::F16),

@@ -8,6 +8,8 @@
 //! - `rms_norm(a + b)` where the sum is also the residual stream: one kernel writing both;
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache, and with the queries'
 //!   rope and the values' cache write of the same attention, all three as one launch;
+//! - a MoE router after its product (softmax, top-k, the chosen probabilities, their
+//!   renormalization): one launch writing the ids and the weights;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer;
@@ -18,7 +20,7 @@
 //! pattern's outer inputs there, so the planner must keep those alive until the anchor: the
 //! graph it plans gets them as extra inputs of the anchor ([`Fusion::planning_graph`]).
 
-use mlxcel_core::{BinaryOp, DType, Graph, NodeId, Op, UnaryOp};
+use mlxcel_core::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, UnaryOp};
 
 use super::launch::GEMV_ROWS;
 
@@ -43,6 +45,10 @@ pub enum Fused {
     /// Anchor = the last of `q` (the queries' rope), `k` (the keys' cache write, its rope
     /// absorbed) and `v` (the values' cache write), which one attention reads: one launch.
     RopeQkvWrite { q: usize, k: usize, v: usize },
+    /// Anchor = the router's weights: the take_along of `softmax`'s probabilities at `topk`'s
+    /// ids, or (`renorm`) those divided by their sum; softmax, top-k, gather and sum in the
+    /// anchor's launch, which writes the ids too.
+    Router { softmax: usize, topk: usize, renorm: bool },
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
@@ -152,6 +158,9 @@ impl Fusion {
             }
         }
         find_rope_qkv(graph, &consumers, &mut f);
+        if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
+            find_routers(graph, &consumers, &mut f);
+        }
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
         }
@@ -177,6 +186,7 @@ impl Fusion {
                 // x is the anchor's own input; the weights are parameters.
                 Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
+                Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::RopeQkvWrite { q, k, v }) => {
                     let rope_k = graph.nodes[*k].inputs[1].index();
                     let reads = [*q, rope_k, *k, *v]
@@ -234,6 +244,80 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             }
             f.anchored[anchor] = Some(Fused::RopeQkvWrite { q, k, v });
         }
+    }
+}
+
+/// Finds MoE routers: `softmax` over the last axis (at most 1024 experts), read only by a
+/// `topk` and the `take_along` of the probabilities at its ids, which only a sum over the chosen
+/// and the division by it read (or anything, without renormalization); one float dtype.
+fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    let last_axis = |i: usize, axis: usize| axis + 1 == graph.nodes[i].shape.len();
+    for t in 0..graph.nodes.len() {
+        let Op::TopK { .. } = graph.nodes[t].op else { continue };
+        let sm = graph.nodes[t].inputs[0].index();
+        let (Op::Softmax { axis }, dtype) = (&graph.nodes[sm].op, graph.nodes[sm].dtype) else {
+            continue;
+        };
+        let experts = *graph.nodes[sm].shape.last().unwrap_or(&0);
+        if !last_axis(sm, *axis) || experts > 1024 || !dtype.is_float() || consumers[sm].len() != 2 {
+            continue;
+        }
+        let Some(&g) = consumers[sm].iter().find(|&&c| c != t) else {
+            continue;
+        };
+        let gather = &graph.nodes[g];
+        let gathers = matches!(gather.op, Op::TakeAlongAxis { axis } if last_axis(g, axis))
+            && gather.inputs[0].index() == sm
+            && gather.inputs[1].index() == t
+            && gather.dtype == dtype;
+        if !gathers || [sm, t, g].iter().any(|&j| f.absorbed[j] || f.anchored[j].is_some()) {
+            continue;
+        }
+        // Renormalized: the sum of the chosen (keepdims) and the division by it (broadcast to
+        // the chosen or not), g's only readers.
+        let users = &consumers[g];
+        let renorm = match users.as_slice() {
+            &[a, b] => {
+                let (sum, div) = if matches!(graph.nodes[a].op, Op::Reduce { .. }) {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                let (ns, nd) = (&graph.nodes[sum], &graph.nodes[div]);
+                let sums =
+                    matches!(ns.op, Op::Reduce { op: ReduceOp::Sum, axis, keepdims: true } if last_axis(g, axis));
+                let divisor = nd.inputs.get(1).map_or(usize::MAX, |d| d.index());
+                let spread = divisor != sum
+                    && matches!(graph.nodes.get(divisor).map(|n| &n.op), Some(Op::Broadcast))
+                    && graph.nodes[divisor].inputs[0].index() == sum
+                    && consumers[divisor] == [div];
+                let divides = matches!(nd.op, Op::Binary(BinaryOp::Div))
+                    && nd.inputs[0].index() == g
+                    && (divisor == sum || spread)
+                    && nd.shape == gather.shape;
+                let by = if spread { divisor } else { div };
+                (sums && divides && consumers[sum] == [by] && ns.dtype == dtype && nd.dtype == dtype).then_some((
+                    sum,
+                    div,
+                    spread.then_some(divisor),
+                ))
+            }
+            _ => None,
+        };
+        let anchor = renorm.map_or(g, |(_, div, _)| div);
+        // The ids are written by the anchor: nothing may read them before it.
+        if !consumers[t].iter().all(|&c| c == g || c > anchor) {
+            continue;
+        }
+        let (sum, spread) = renorm.map_or((None, None), |(sum, _, spread)| (Some(sum), spread));
+        for j in [Some(sm), Some(t), Some(g), sum, spread].into_iter().flatten() {
+            f.absorbed[j] = j != anchor;
+        }
+        f.anchored[anchor] = Some(Fused::Router {
+            softmax: sm,
+            topk: t,
+            renorm: renorm.is_some(),
+        });
     }
 }
 
@@ -709,6 +793,39 @@ mod tests {
         // The launch reads the ids: kept alive for it.
         let planned = f.planning_graph(&graph);
         assert!(planned.nodes[y.index()].inputs.contains(&ids));
+    }
+
+    /// A MoE router after its product: softmax, top 2 of 8, the chosen probabilities, and
+    /// (`renorm`) their renormalization, as the models build it.
+    fn router(renorm: bool) -> (Graph, Vec<usize>, usize) {
+        let mut b = GraphBuilder::default();
+        let logits = b.input("logits", DType::F16, &[1, 1, 8]);
+        let probs = b.softmax(logits, -1).unwrap();
+        let ids = b.topk_ties(probs, 2, true).unwrap();
+        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
+        if renorm {
+            let total = b.sum(w, -1, true).unwrap();
+            w = b.div(w, total).unwrap();
+        }
+        let graph = b.finish(&[ids, w]);
+        let first = probs.index();
+        let anchor = w.index();
+        (graph, (first..anchor).collect(), anchor)
+    }
+
+    #[test]
+    fn a_moe_router_is_one_launch_with_or_without_renormalization() {
+        for renorm in [false, true] {
+            let (graph, inner, anchor) = router(renorm);
+            let f = Fusion::find(&graph);
+            assert!(
+                matches!(f.anchored[anchor], Some(Fused::Router { renorm: r, .. }) if r == renorm),
+                "renorm {renorm}: {:?}",
+                f.anchored[anchor]
+            );
+            assert!(inner.iter().all(|&j| f.absorbed[j]), "renorm {renorm}");
+            assert_eq!(super::super::launches_per_run(&graph), 1, "renorm {renorm}");
+        }
     }
 
     #[test]

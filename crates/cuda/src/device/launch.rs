@@ -1013,6 +1013,27 @@ pub(crate) fn fused(
             args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
             gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
+        Fused::Router { softmax, topk, renorm } => {
+            let Op::TopK { k, higher_on_ties } = graph.nodes[*topk].op else {
+                unreachable!("Router holds a topk")
+            };
+            let probs = &graph.nodes[*softmax];
+            let experts = *probs.shape.last().unwrap();
+            let rows = probs.shape.iter().product::<usize>() / experts.max(1);
+            let args = [
+                Ptr(at(input(*softmax, 0))),
+                I32(fcode(probs.dtype)?),
+                I64(rows as i64),
+                I64(experts as i64),
+                I64(k as i64),
+                I32(i32::from(higher_on_ties)),
+                I32(i32::from(*renorm)),
+                Ptr(at(*topk)),
+                Ptr(at(i)),
+            ];
+            // A warp a row, 8 rows a block (index.cu).
+            gpu.launch("moe_route", rows.div_ceil(8) as u32, 256, 0, &args)
+        }
         Fused::RopeQkvWrite { q, k, v } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
             let Op::Rope {
