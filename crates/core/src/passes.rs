@@ -28,6 +28,10 @@ pub fn default_passes() -> Vec<Pass> {
             run: fold_constant_broadcast,
         },
         Pass {
+            name: "dedupe_constants",
+            run: dedupe_constants,
+        },
+        Pass {
             name: "transpose_as_reshape",
             run: transpose_as_reshape,
         },
@@ -200,6 +204,30 @@ pub fn fold_constant_broadcast(graph: &Graph) -> Result<Graph> {
         Some(e) => Err(e),
         None => Ok(g),
     }
+}
+
+/// Makes unnamed constants of the same dtype, shape and bytes one node (each RoPE call builds
+/// its own frequency table, for one): stored and uploaded once, and fusions that want the same
+/// value see the same node.
+pub fn dedupe_constants(graph: &Graph) -> Result<Graph> {
+    use std::collections::HashMap;
+    let mut seen: HashMap<(DType, Vec<usize>, Vec<u8>), NodeId> = HashMap::new();
+    Ok(rewrite(graph, |g, _, node| {
+        let Op::Constant { data } = &node.op else {
+            return Action::Keep(node.clone());
+        };
+        if node.name.is_some() {
+            return Action::Keep(node.clone());
+        }
+        let key = (data.dtype, data.shape.clone(), data.bytes().to_vec());
+        match seen.get(&key) {
+            Some(&id) if g.node(id).shape == node.shape && g.node(id).dtype == node.dtype => Action::Forward(id),
+            _ => {
+                seen.insert(key, NodeId(g.nodes.len() as u32));
+                Action::Keep(node.clone())
+            }
+        }
+    }))
 }
 
 /// Removes nodes that no output depends on. Inputs and states stay: they are the graph's

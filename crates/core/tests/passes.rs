@@ -1,7 +1,8 @@
 //! Structure of the first passes (their numerical identity is checked on the CPU backend).
 
 use mlxcel_core::passes::{
-    dead_node_elimination, fold_constant_astype, fold_constant_broadcast, remove_noop_astype, FOLD_BROADCAST_BYTES,
+    dead_node_elimination, dedupe_constants, fold_constant_astype, fold_constant_broadcast, remove_noop_astype,
+    FOLD_BROADCAST_BYTES,
 };
 use mlxcel_core::{DType, Graph, GraphBuilder, HostTensor, Node, NodeId, Op};
 
@@ -89,6 +90,27 @@ fn small_broadcasts_of_constants_fold_into_the_constant() {
     let y = b.broadcast_to(c, &[1, big]).unwrap();
     let g = b.finish(&[y]);
     assert_eq!(count(&fold_constant_broadcast(&g).unwrap(), "broadcast"), 1);
+}
+
+#[test]
+fn equal_constants_become_one_node() {
+    let mut b = GraphBuilder::default();
+    let x = b.input("x", DType::F32, &[3]);
+    let table = |b: &mut GraphBuilder, v: [f32; 3]| b.constant(HostTensor::from_f32(DType::F32, &[3], &v).unwrap());
+    let (c1, c2, c3) = (
+        table(&mut b, [1.0, 2.0, 3.0]),
+        table(&mut b, [1.0, 2.0, 3.0]),
+        table(&mut b, [1.0, 2.0, 4.0]),
+    );
+    // Same bytes, other dtype: stays apart.
+    let c4 = b.constant(HostTensor::from_slice(&[3], &[1f32.to_bits(), 2f32.to_bits(), 3f32.to_bits()]).unwrap());
+    let (y1, y2, y3) = (b.mul(x, c1).unwrap(), b.mul(x, c2).unwrap(), b.mul(x, c3).unwrap());
+    let g = b.finish(&[y1, y2, y3, c4]);
+    let out = dead_node_elimination(&dedupe_constants(&g).unwrap()).unwrap();
+    assert_eq!(count(&out, "constant"), 3);
+    let [a, b2, c] = [0, 1, 2].map(|o| out.node(out.outputs[o]).inputs[1]);
+    assert_eq!(a, b2, "equal tables are one node");
+    assert_ne!(a, c);
 }
 
 #[test]
