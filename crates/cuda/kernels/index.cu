@@ -149,39 +149,42 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
 
 // A MoE router after its product as one launch: softmax over the E experts of each row, the top
 // k (descending, ties by tie_key), their probabilities, and with `renorm` those divided by their
-// sum. A warp a row (E <= 1024: 32 values a lane). Every intermediate is rounded to dt as the
-// plain graph (softmax, topk, take_along, sum, div) stores it, so the ids and weights match it.
+// sum. A warp a row, E <= 256 (8 values a lane) and k <= 32. Every intermediate is rounded to dt
+// as the plain graph (softmax, topk, take_along, sum, div) stores it, and both sums add in the
+// order the plain 256-thread kernels do (block_sum: each warp's butterfly, lane 0's result, then
+// a butterfly over the 8 warps' sums), so the ids and weights equal the unfused graph's.
 extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
                                      unsigned* ids, void* weights) {
   const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  float v[32];
+  float v[8];
   float m = -INFINITY;
 #pragma unroll
-  for (int t = 0; t < 32; t++) {
+  for (int t = 0; t < 8; t++) {
     const i64 i = lane + 32 * t;
     v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
     m = fmaxf(m, v[t]);
   }
   m = warp_max(m);
-  float s = 0.0f;
+  // Element 32t + lane is thread 32t + lane's one value in the plain softmax: warp t's sum.
+  float part[8];
 #pragma unroll
-  for (int t = 0; t < 32; t++) {
+  for (int t = 0; t < 8; t++) {
     v[t] = lane + 32 * t < e && m != -INFINITY ? expf(v[t] - m) : 0.0f;
-    s += v[t];
+    part[t] = __shfl_sync(0xffffffffu, warp_sum(v[t]), 0);
   }
-  s = warp_sum(s);
+  const float s = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
   const float inv = m == -INFINITY ? 0.0f : 1.0f / s;
 #pragma unroll
-  for (int t = 0; t < 32; t++) v[t] = round_to(v[t] * inv, dt);  // the softmax as stored
+  for (int t = 0; t < 8; t++) v[t] = round_to(v[t] * inv, dt);  // the softmax as stored
   unsigned taken = 0;
-  float total = 0.0f;
+  float chosen = 0.0f;  // lane r holds the r-th chosen probability (the plain sum's thread r)
   for (i64 r = 0; r < k; r++) {
     float bv = 0.0f;
     int bi = -1;
 #pragma unroll
-    for (int t = 0; t < 32; t++) {
+    for (int t = 0; t < 8; t++) {
       const int i = lane + 32 * t;
       if (i < e && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
         bv = v[t];
@@ -197,12 +200,11 @@ extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e
     if (lane == 0) {
       ids[row * k + r] = (unsigned)bi;
       stf(weights, dt, row * k + r, bv);
-      total += bv;
     }
+    if (lane == r) chosen = bv;
     if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
   }
-  if (lane == 0 && renorm) {
-    const float sum = round_to(total, dt);  // the sum as stored
-    for (i64 r = 0; r < k; r++) stf(weights, dt, row * k + r, ldf(weights, dt, row * k + r) / sum);
-  }
+  // The plain sum over k <= 32 values: warp 0's butterfly (lane 0), the other warps adding 0.
+  const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);
+  if (renorm && lane < k) stf(weights, dt, row * k + lane, chosen / total);
 }

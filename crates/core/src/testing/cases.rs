@@ -1205,6 +1205,15 @@ fn sorting(cases: &mut Vec<OpCase>) -> Result<()> {
         let y = c.b.topk_ties(x, k, true)?;
         cases.push(c.finish(&[y], 1.0));
     }
+    // NaN above +inf, ties among both, either tie rule, and the sort.
+    for high in [false, true] {
+        let mut c = Case::new(format!("topk/f32/nan_and_inf/higher_on_ties_{high}"));
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let x = c.input_values("x", F32, &[2, 5], &[inf, nan, 1.0, nan, inf, 2.0, inf, -inf, inf, 2.0])?;
+        let y = c.b.topk_ties(x, 4, high)?;
+        let order = c.b.argsort(x, true)?;
+        cases.push(c.finish(&[y, order], 1.0));
+    }
     {
         let mut c = Case::new("topk/f32/rank3/n31/k4".into());
         let x = c.input("x", F32, &[2, 3, 31], 1.0)?;

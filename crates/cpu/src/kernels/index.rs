@@ -48,17 +48,13 @@ pub fn take_along_axis(
 }
 
 /// Orders indices of one row by value, largest first (`descending`) or smallest first; ties
-/// keep the lower index first; NaN sorts as the largest value (as numpy and MLX sort it last).
-/// Sorts `idx` by the row's values (NaN as the largest), equal values by index: lower first,
-/// or higher first with `higher_on_ties`.
+/// keep the lower index first, or the higher with `higher_on_ties`; NaN sorts as the largest
+/// value, above +inf (as numpy and MLX sort it last).
 fn sort_row(x: &In, base: usize, idx: &mut [u32], descending: bool, higher_on_ties: bool) {
+    // NaN above everything, +inf included (as the reference and the CUDA kernels order it).
     let key = |i: u32| {
         let v = x.get_f64(base + i as usize);
-        if v.is_nan() {
-            f64::INFINITY
-        } else {
-            v
-        }
+        (v.is_nan(), if v.is_nan() { 0.0 } else { v })
     };
     idx.sort_by(|&a, &b| {
         let (ka, kb) = (key(a), key(b));

@@ -247,7 +247,8 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     }
 }
 
-/// Finds MoE routers: `softmax` over the last axis (at most 1024 experts), read only by a
+/// Finds MoE routers: `softmax` over the last axis (at most 256 experts, top at most 32: what
+/// `moe_route` sums in the plain kernels' order), read only by a
 /// `topk` and the `take_along` of the probabilities at its ids, which only a sum over the chosen
 /// and the division by it read (or anything, without renormalization); one float dtype.
 fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
@@ -259,7 +260,10 @@ fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             continue;
         };
         let experts = *graph.nodes[sm].shape.last().unwrap_or(&0);
-        if !last_axis(sm, *axis) || experts > 1024 || !dtype.is_float() || consumers[sm].len() != 2 {
+        let Op::TopK { k, .. } = graph.nodes[t].op else {
+            continue;
+        };
+        if !last_axis(sm, *axis) || experts > 256 || k > 32 || !dtype.is_float() || consumers[sm].len() != 2 {
             continue;
         }
         let Some(&g) = consumers[sm].iter().find(|&&c| c != t) else {
