@@ -106,3 +106,12 @@ __device__ __forceinline__ void stf(void* p, int dt, i64 i, float v) {
   else if (dt == 1) F16::st((unsigned short*)p, i, v);
   else BF16::st((unsigned short*)p, i, v);
 }
+
+// Rounds v to dtype code dt (as a store and reload would).
+__device__ __forceinline__ float round_to(float v, int dt) {
+  if (dt == 0) return v;
+  unsigned short h;
+  if (dt == 1) { F16::st(&h, 0, v); return F16::ld(&h, 0); }
+  BF16::st(&h, 0, v);
+  return BF16::ld(&h, 0);
+}

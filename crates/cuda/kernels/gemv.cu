@@ -31,14 +31,6 @@ template <> __device__ __forceinline__ void unpack8<BF16>(uint4 u, float* o) {
 template <> __device__ __forceinline__ void ldx8<F16>(const unsigned short* p, float* o) { unpack8<F16>(*(const uint4*)p, o); }
 template <> __device__ __forceinline__ void ldx8<BF16>(const unsigned short* p, float* o) { unpack8<BF16>(*(const uint4*)p, o); }
 
-// Rounds v to dtype code dt (as a store and reload would).
-__device__ __forceinline__ float round_to(float v, int dt) {
-  if (dt == 0) return v;
-  unsigned short h;
-  if (dt == 1) { F16::st(&h, 0, v); return F16::ld(&h, 0); }
-  BF16::st(&h, 0, v);
-  return BF16::ld(&h, 0);
-}
 
 // The 32 / BITS unsigned values packed in w (element e at bits e·BITS), as exact floats without
 // an int-to-float conversion (a quarter-rate instruction): each byte is placed under the

@@ -137,3 +137,17 @@ extern "C" __global__ void argmax_final(const float* pv, const unsigned* pi, i64
 REDUCE_KERNELS(f32, F32)
 REDUCE_KERNELS(f16, F16)
 REDUCE_KERNELS(bf16, BF16)
+
+// MoE's combine of the routed experts: out [rows, d] = sum over j < k of y [rows, k, d] · w
+// [rows, k], as mul (rounded to dt) then a sum over the middle axis. A warp an output: lane j
+// takes expert j (k <= 32), and the lanes add in the order the plain 256-thread reduction does
+// (warp 0's butterfly, lane 0's value), so the result equals the unfused graph's.
+extern "C" __global__ void weighted_sum(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d, void* out) {
+  const i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (o >= rows * d) return;
+  const i64 r = o / d, c = o % d;
+  const float v = lane < k ? round_to(ldf(y, dt, (r * k + lane) * d + c) * ldf(w, dt, r * k + lane), dt) : 0.0f;
+  const float s = warp_sum(v);
+  if (lane == 0) stf(out, dt, o, s);
+}

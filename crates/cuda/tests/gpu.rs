@@ -300,6 +300,32 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
         });
     }
+    // MoE's combine: 8 experts' outputs times their weights, summed (one launch).
+    for act in [DType::F16, DType::BF16] {
+        let (rows, k, d) = (2, 8, 96);
+        let mut b = GraphBuilder::default();
+        let y = b.input("y", act, &[rows, 1, k, d]);
+        let w = b.input("w", act, &[rows, 1, k]);
+        let w1 = b.reshape(w, &[rows, 1, k, 1]).unwrap();
+        let p = b.mul(y, w1).unwrap();
+        let s = b.sum(p, -2, false).unwrap();
+        let graph = mlxcel_core::passes::run_passes(&b.finish(&[s]), &mlxcel_core::passes::default_passes()).unwrap();
+        assert_eq!(
+            CudaBackend::launches_per_run(&graph).unwrap(),
+            1,
+            "the combine in one launch"
+        );
+        cases.push(OpCase {
+            name: format!("fused moe combine {act}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[rows, 1, k, d], &noise(51, rows * k * d)).unwrap(),
+                HostTensor::from_f32(act, &[rows, 1, k], &noise(52, rows * k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(2.0)],
+        });
+    }
     // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
     for (act, wdt) in [
         (DType::F16, DType::F16),

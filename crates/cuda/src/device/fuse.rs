@@ -10,6 +10,7 @@
 //!   rope and the values' cache write of the same attention, all three as one launch;
 //! - a MoE router after its product (softmax, top-k, the chosen probabilities, their
 //!   renormalization): one launch writing the ids and the weights;
+//! - the routed experts' outputs times their router weights, summed over the experts;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer;
@@ -49,6 +50,9 @@ pub enum Fused {
     /// ids, or (`renorm`) those divided by their sum; softmax, top-k, gather and sum in the
     /// anchor's launch, which writes the ids too.
     Router { softmax: usize, topk: usize, renorm: bool },
+    /// Anchor = a sum over the middle axis of `mul` = y [.., k, d] · broadcast(w [.., k, 1])
+    /// (MoE's combine of its experts' outputs with the router weights): one launch.
+    WeightedSum { mul: usize, y: NodeId, w: NodeId },
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
@@ -160,6 +164,7 @@ impl Fusion {
         find_rope_qkv(graph, &consumers, &mut f);
         if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
             find_routers(graph, &consumers, &mut f);
+            find_weighted_sums(graph, &consumers, &mut f);
         }
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
@@ -187,6 +192,7 @@ impl Fusion {
                 Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
+                Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
                 Some(Fused::RopeQkvWrite { q, k, v }) => {
                     let rope_k = graph.nodes[*k].inputs[1].index();
                     let reads = [*q, rope_k, *k, *v]
@@ -322,6 +328,58 @@ fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             topk: t,
             renorm: renorm.is_some(),
         });
+    }
+}
+
+/// Finds `sum(y · broadcast(w), axis -2)` with y [.., k, d], w [.., k, 1], k <= 32, one float
+/// dtype, the product and the broadcast read by nothing else.
+fn find_weighted_sums(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for s in 0..graph.nodes.len() {
+        let node = &graph.nodes[s];
+        let Op::Reduce {
+            op: ReduceOp::Sum,
+            axis,
+            keepdims: false,
+        } = node.op
+        else {
+            continue;
+        };
+        let m = node.inputs[0].index();
+        let mul = &graph.nodes[m];
+        let rank = mul.shape.len();
+        if !matches!(mul.op, Op::Binary(BinaryOp::Mul)) || rank < 2 || axis + 2 != rank || consumers[m] != [s] {
+            continue;
+        }
+        let (k, d) = (mul.shape[rank - 2], mul.shape[rank - 1]);
+        // One operand is y itself, the other the broadcast of the weights' [.., k, 1].
+        let spread = |b: NodeId| {
+            let n = graph.node(b);
+            let src = n.inputs.first().map(|&i| graph.node(i));
+            matches!(n.op, Op::Broadcast)
+                && consumers[b.index()] == [m]
+                && src.is_some_and(|w| {
+                    w.shape.len() == rank && w.shape[rank - 1] == 1 && w.shape[..rank - 1] == mul.shape[..rank - 1]
+                })
+        };
+        let (a, b) = (mul.inputs[0], mul.inputs[1]);
+        let (y, bcast) = if spread(b) {
+            (a, b)
+        } else if spread(a) {
+            (b, a)
+        } else {
+            continue;
+        };
+        let w = graph.node(bcast).inputs[0];
+        let one_dtype = [y, w].iter().all(|&v| graph.node(v).dtype == node.dtype) && mul.dtype == node.dtype;
+        let free = [m, bcast.index(), s]
+            .iter()
+            .all(|&j| !f.absorbed[j] && f.anchored[j].is_none());
+        if graph.node(y).shape != mul.shape || !one_dtype || !node.dtype.is_float() || k > 32 || d == 0 || !free {
+            continue;
+        }
+        f.absorbed[m] = true;
+        f.absorbed[bcast.index()] = true;
+        f.anchored[s] = Some(Fused::WeightedSum { mul: m, y, w });
     }
 }
 
@@ -830,6 +888,20 @@ mod tests {
             assert!(inner.iter().all(|&j| f.absorbed[j]), "renorm {renorm}");
             assert_eq!(super::super::launches_per_run(&graph), 1, "renorm {renorm}");
         }
+    }
+
+    #[test]
+    fn the_experts_combine_is_one_launch() {
+        let mut b = GraphBuilder::default();
+        let y = b.input("y", DType::BF16, &[1, 2, 4, 16]);
+        let w = b.input("w", DType::BF16, &[1, 2, 4]);
+        let w1 = b.reshape(w, &[1, 2, 4, 1]).unwrap();
+        let p = b.mul(y, w1).unwrap();
+        let s = b.sum(p, -2, false).unwrap();
+        let graph = b.finish(&[s]);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[s.index()], Some(Fused::WeightedSum { mul, .. }) if mul == p.index()));
+        assert_eq!(super::super::launches_per_run(&graph), 1);
     }
 
     #[test]

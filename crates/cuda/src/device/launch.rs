@@ -1034,6 +1034,22 @@ pub(crate) fn fused(
             // A warp a row, 8 rows a block (index.cu).
             gpu.launch("moe_route", rows.div_ceil(8) as u32, 256, 0, &args)
         }
+        Fused::WeightedSum { mul, y, w } => {
+            let shape = &graph.nodes[*mul].shape;
+            let (k, d) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+            let rows = shape.iter().product::<usize>() / (k * d).max(1);
+            let args = [
+                Ptr(at(y.index())),
+                Ptr(at(w.index())),
+                I32(fcode(node.dtype)?),
+                I64(rows as i64),
+                I64(k as i64),
+                I64(d as i64),
+                Ptr(at(i)),
+            ];
+            // A warp an output, 8 a block (reduce.cu).
+            gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)
+        }
         Fused::RopeQkvWrite { q, k, v } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
             let Op::Rope {

@@ -117,6 +117,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
+        Some(Fused::WeightedSum { .. }) => return format!("fused moe combine {}", node.dtype),
         Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
         Some(Fused::RopeQkvWrite { .. }) => return format!("fused rope q, rope+kv_write k, kv_write v {}", node.dtype),
         Some(Fused::Products { before, norm }) => {
