@@ -2,7 +2,15 @@
 # GPU, first call of a session: correctness (op cases, fused patterns, parity) of what landed
 # since the last GPU run, the representative sweep, and each recent change off side by side:
 # both RoPE fusions (MLXCEL_CUDA_FUSE_ROPE=0), for Gemma the tensor-core GEMV (its 1152-wide
-# products need the half-chunk path), and the MoE router fusion. One file back: $OUT/report.txt.
+# products need the half-chunk path), and the MoE router and combine fusions. One file back:
+# $OUT/report.txt.
+#
+# Staging here first (the call carries at most 64 MiB):
+#   ../shared/gpu/stage
+#   (cd .gpu/tests && ls | grep -v -E '^(gpu-test|parity_cuda-test)$' | xargs rm -f)
+#   rm -f .gpu/extra/ptx-*; MLXCEL_CACHE_DIR=$PWD/.gpu/extra cargo test --release --features cuda \
+#     -p mlxcel-cuda --test gpu write_kernel_cache -- --ignored   # PTX for the cold GPU (NVRTC here)
+# then: run with carry [".gpu"], command "bash scripts/gpu/verify-landed.sh".
 cd "$(dirname "$0")/../.."
 lib=$(dirname "$(find / -name 'libcublas.so.1*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_CACHE_DIR=/tmp/mlxcel-cache MLXCEL_TEST_ROOT=$PWD
