@@ -73,6 +73,32 @@ extern "C" __global__ void argsort_rows(const void* x, int dt, i64 rows, i64 n, 
   }
 }
 
+// One round of a warp-wide selection over a row held T values a lane (element lane + 32 t in
+// v[t]): the next element in sort order (descending, NaN first, ties by tie_key) among those not
+// yet taken, marked taken. Every lane returns its index (-1 if none is left) and its value in bv.
+template <int T>
+__device__ __forceinline__ int warp_select_next(const float* v, i64 n, int high, int lane, unsigned& taken,
+                                                float& bv) {
+  bv = 0.0f;
+  int bi = -1;
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    const int i = lane + 32 * t;
+    if (i < n && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
+      bv = v[t];
+      bi = i;
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (oi >= 0 && (bi < 0 || before(ov, tie_key(oi, high), bv, tie_key(bi, high), 1))) { bv = ov; bi = oi; }
+  }
+  if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+  return bi;
+}
+
 // Top-k of short rows (n <= 1024, the MoE router's expert scores): one warp a row holds the
 // row in registers (32 values a lane) and takes `keep` rounds of a warp-wide selection of the
 // next element in sort order (descending, NaN first, ties by lower index, or higher with `high`)
@@ -89,24 +115,9 @@ extern "C" __global__ void topk_warp(const void* x, int dt, i64 rows, i64 n, i64
   }
   unsigned taken = 0;
   for (i64 r = 0; r < keep; r++) {
-    float bv = 0.0f;
-    int bi = -1;
-#pragma unroll
-    for (int t = 0; t < 32; t++) {
-      const int i = lane + 32 * t;
-      if (i < n && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
-        bv = v[t];
-        bi = i;
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (oi >= 0 && (bi < 0 || before(ov, tie_key(oi, high), bv, tie_key(bi, high), 1))) { bv = ov; bi = oi; }
-    }
+    float bv;
+    const int bi = warp_select_next<32>(v, n, high, lane, taken, bv);
     if (lane == 0) y[row * keep + r] = (unsigned)bi;
-    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
   }
 }
 
@@ -181,28 +192,13 @@ extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e
   unsigned taken = 0;
   float chosen = 0.0f;  // lane r holds the r-th chosen probability (the plain sum's thread r)
   for (i64 r = 0; r < k; r++) {
-    float bv = 0.0f;
-    int bi = -1;
-#pragma unroll
-    for (int t = 0; t < 8; t++) {
-      const int i = lane + 32 * t;
-      if (i < e && !((taken >> t) & 1u) && (bi < 0 || before(v[t], tie_key(i, high), bv, tie_key(bi, high), 1))) {
-        bv = v[t];
-        bi = i;
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (oi >= 0 && (bi < 0 || before(ov, tie_key(oi, high), bv, tie_key(bi, high), 1))) { bv = ov; bi = oi; }
-    }
+    float bv;
+    const int bi = warp_select_next<8>(v, e, high, lane, taken, bv);
     if (lane == 0) {
       ids[row * k + r] = (unsigned)bi;
       stf(weights, dt, row * k + r, bv);
     }
     if (lane == r) chosen = bv;
-    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
   }
   // The plain sum over k <= 32 values: warp 0's butterfly (lane 0), the other warps adding 0.
   const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);

@@ -305,20 +305,20 @@ template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i
 }
 
 // Decode attention split over the cache for grouped queries: block (b · hkv + kv head, split)
-// takes the G = hq / hkv query heads that share a kv head (up to GM) over keys
+// takes the G = hq / hkv query heads that share a kv head (up to GM = 4) over keys
 // [split·chunk, split·chunk + chunk) of the valid range, so each key and value is read once
 // for the group. Head size D = 32 · E (128 or 256 as launched), a lane holding E channels.
 // Four warps share the keys: first the scores of every head (kept in shared memory), then each
 // head's max and exponentials, then the weighted values, summed over the warps. Writes
 // attention_split's partials (max, sum, unnormalized output) per query row, which
 // attention_combine merges; the parameters are attention_split's (its head sizes unused).
-template <int E, int GM>
+template <int E>
 __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
                                               const void* kv_len, int len_kind, int len_count, float* part,
                                               i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
                                               float softcap, i64 chunk, int* error, int tag) {
   (void)causal;
-  constexpr int D = 32 * E;
+  constexpr int D = 32 * E, GM = 4;  // launch.rs sizes the shared memory for these
   extern __shared__ float att_sm[];
   float* sc = att_sm;                  // [GM][chunk] scores, then exponentials
   float* red = att_sm + GM * chunk;    // [4][GM][D] per-warp outputs
@@ -426,16 +426,16 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
     }
   }
 }
-#define ATTENTION_GQA(E, GM)                                                                                         \
-  extern "C" __global__ void attention_gqa_##E##_##GM(                                                               \
-      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count, \
-      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,  \
-      int* error, int tag) {                                                                                         \
-    attention_gqa<E, GM>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window,    \
-                         softcap, chunk, error, tag);                                                                \
+#define ATTENTION_GQA(E)                                                                                               \
+  extern "C" __global__ void attention_gqa_##E(                                                                        \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,    \
+      int* error, int tag) {                                                                                           \
+    attention_gqa<E>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window, softcap, \
+                     chunk, error, tag);                                                                               \
   }
-ATTENTION_GQA(4, 4)
-ATTENTION_GQA(8, 4)
+ATTENTION_GQA(4)
+ATTENTION_GQA(8)
 
 // A decode layer's three small kernels before attention as one launch: rope of q [B, Hq, T, D]
 // into q_out (as rope), rope of k [B, H, T, D] into its cache (as rope_kv_write) and v

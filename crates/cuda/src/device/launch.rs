@@ -689,13 +689,13 @@ pub fn node(
                 ]);
                 // The grouped kernel takes the same parameters, a block per kv head.
                 let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
-                    // Shared memory (nn.cu): scores [4][chunk], per-warp outputs [4][4][D], max
-                    // and sum [2][4] (up to 4 heads a group).
+                    // Shared memory (nn.cu, GM = 4 heads a group): scores [GM][chunk], per-warp
+                    // outputs [4][GM][D], max and sum [2][GM].
                     Some(lane) => (
                         if lane == 4 {
-                            "attention_gqa_4_4"
+                            "attention_gqa_4"
                         } else {
-                            "attention_gqa_8_4"
+                            "attention_gqa_8"
                         },
                         sq[0] * sk[1],
                         4 * (4 * chunk + 4 * 4 * 32 * lane + 2 * 4),
