@@ -260,15 +260,14 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
 fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     let last_axis = |i: usize, axis: usize| axis + 1 == graph.nodes[i].shape.len();
     for t in 0..graph.nodes.len() {
-        let Op::TopK { .. } = graph.nodes[t].op else { continue };
+        let Op::TopK { k, .. } = graph.nodes[t].op else {
+            continue;
+        };
         let sm = graph.nodes[t].inputs[0].index();
         let (Op::Softmax { axis }, dtype) = (&graph.nodes[sm].op, graph.nodes[sm].dtype) else {
             continue;
         };
         let experts = *graph.nodes[sm].shape.last().unwrap_or(&0);
-        let Op::TopK { k, .. } = graph.nodes[t].op else {
-            continue;
-        };
         if !last_axis(sm, *axis) || experts > 256 || k > 32 || !dtype.is_float() || consumers[sm].len() != 2 {
             continue;
         }
@@ -606,6 +605,26 @@ mod tests {
     use super::*;
     use mlxcel_core::{GraphBuilder, HostTensor};
 
+    /// Placeholder 4-bit group-64 weights of `rows` (e.g. `[n]`, or `[experts, n]` stacked) by
+    /// k: packed zeros, scales 1, biases 0 (fusion looks at shapes, not values).
+    fn zero_weights(b: &mut GraphBuilder, rows: &[usize], k: usize) -> (NodeId, NodeId, NodeId) {
+        let n: usize = rows.iter().product();
+        let shape = |last: usize| [rows, &[last]].concat();
+        let q = b.parameter(
+            "q",
+            HostTensor::from_slice(&shape(k / 8), &vec![0u32; n * k / 8]).unwrap(),
+        );
+        let s = b.parameter(
+            "s",
+            HostTensor::from_f32(DType::F16, &shape(k / 64), &vec![1.0; n * k / 64]).unwrap(),
+        );
+        let z = b.parameter(
+            "z",
+            HostTensor::from_f32(DType::F16, &shape(k / 64), &vec![0.0; n * k / 64]).unwrap(),
+        );
+        (q, s, z)
+    }
+
     /// q, k, v-like products of one f16 x: `consume_first` reads the first before the others run.
     fn three_products(consume_first: bool) -> Graph {
         let k = 256;
@@ -613,18 +632,7 @@ mod tests {
         let x = b.input("x", DType::F16, &[1, 1, k]);
         let mut outs = Vec::new();
         for (i, n) in [64usize, 32, 32].into_iter().enumerate() {
-            let q = b.parameter(
-                "q",
-                HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
-            );
-            let s = b.parameter(
-                "s",
-                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
-            );
-            let z = b.parameter(
-                "z",
-                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![0.0; n * k / 64]).unwrap(),
-            );
+            let (q, s, z) = zero_weights(&mut b, &[n], k);
             let mut y = b.quantized_matmul(x, q, s, z, 4, 64).unwrap();
             if i == 0 && consume_first {
                 y = b.silu(y).unwrap();
@@ -679,18 +687,7 @@ mod tests {
         let x = b.rms_norm(sum, w, 1e-5, false).unwrap();
         let mut outs = Vec::new();
         for n in [64usize, 32, 32] {
-            let q = b.parameter(
-                "q",
-                HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
-            );
-            let s = b.parameter(
-                "s",
-                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
-            );
-            let z = b.parameter(
-                "z",
-                HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![0.0; n * k / 64]).unwrap(),
-            );
+            let (q, s, z) = zero_weights(&mut b, &[n], k);
             outs.push(b.quantized_matmul(x, q, s, z, 4, 64).unwrap());
         }
         let products = outs.iter().map(|o| o.index()).collect();
@@ -827,22 +824,7 @@ mod tests {
         let mut b = GraphBuilder::default();
         let x = b.input("x", DType::F16, &[1, 1, k]);
         let ids = b.input("ids", DType::U32, &[1, 2]);
-        let mut experts = || {
-            let q = b.parameter(
-                "q",
-                HostTensor::from_slice(&[e, n, k / 8], &vec![0u32; e * n * k / 8]).unwrap(),
-            );
-            let s = b.parameter(
-                "s",
-                HostTensor::from_f32(DType::F16, &[e, n, k / 64], &vec![1.0; e * n * k / 64]).unwrap(),
-            );
-            let z = b.parameter(
-                "z",
-                HostTensor::from_f32(DType::F16, &[e, n, k / 64], &vec![0.0; e * n * k / 64]).unwrap(),
-            );
-            (q, s, z)
-        };
-        let (wg, wu) = (experts(), experts());
+        let (wg, wu) = (zero_weights(&mut b, &[e, n], k), zero_weights(&mut b, &[e, n], k));
         let g = b.gather_qmm(x, wg.0, wg.1, wg.2, ids, 4, 64).unwrap();
         let a = b.silu(g).unwrap();
         let u = b.gather_qmm(x, wu.0, wu.1, wu.2, ids, 4, 64).unwrap();
