@@ -2,17 +2,9 @@
 # GPU: correctness (op cases, fused patterns, parity), then the representative sweep of every
 # preset with the defaults (3 runs each), for the figures in docs/benchmark_results/. One file
 # back: $OUT/report.txt (and the sweep's table).
-cd "$(dirname "$0")/../.."
-lib=$(dirname "$(find / -name 'libcublas.so.1*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_CACHE_DIR=/tmp/mlxcel-cache MLXCEL_TEST_ROOT=$PWD
-mkdir -p "$MLXCEL_CACHE_DIR"; cp .gpu/extra/ptx-*.ptx "$MLXCEL_CACHE_DIR"/ 2>/dev/null
+source "$(dirname "$0")/common.sh"
 {
-MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
-grep -E "test result|differ|panicked|FAIL|mismatch|case" /tmp/tests.txt | head -30
-MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
-grep -E "test result|panicked|FAIL" /tmp/parity.txt | head
-MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 200 bash scripts/bench_representative.sh -o /tmp/sweep.md \
-  --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
-cat /tmp/sweep.md; tail -2 /tmp/bench.err
+gpu_checks
+sweep
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt

@@ -1,0 +1,28 @@
+# Sourced by the GPU-machine scripts: the repo root as working directory, cuBLAS and the PTX
+# cache found, and the steps several scripts share. Not a script of its own.
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+lib=$(dirname "$(find / -name 'libcublas.so.1*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_CACHE_DIR=/tmp/mlxcel-cache MLXCEL_TEST_ROOT=$PWD
+mkdir -p "$MLXCEL_CACHE_DIR"; cp .gpu/extra/ptx-*.ptx "$MLXCEL_CACHE_DIR"/ 2>/dev/null
+
+# Op cases and fused patterns (gpu-test), then parity_cuda: exit codes and summary lines.
+gpu_checks() {
+  MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
+  grep -E "test result|differ|panicked|FAIL|mismatch|case" /tmp/tests.txt | head -30
+  MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+  grep -E "test result|panicked|FAIL" /tmp/parity.txt | head
+}
+
+# bench NAME PRESET [VAR=VALUE ...]: decode (and prefill) tok/s of a preset under those variables.
+bench() {
+  local name=$1 preset=$2; shift 2
+  env "$@" timeout 60 .gpu/bin/mlxcel bench --preset $preset --device cuda -p 512 -g 128 -r 2 --json > /tmp/$name.json 2>> /tmp/bench.err
+  echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
+}
+
+# The representative sweep of the five presets (3 runs each) into /tmp/sweep.md, printed.
+sweep() {
+  MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 200 bash scripts/bench_representative.sh -o /tmp/sweep.md \
+    --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
+  cat /tmp/sweep.md; tail -2 /tmp/bench.err
+}
