@@ -669,8 +669,12 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
 // 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
 // x given or computed from a NormIn.
-#define TC_QGEMV3(XN, X)                                                                                              \
-  extern "C" __global__ void tc_qgemv3_##XN##_4(                                                                      \
+// The GEMVs run 256- or 512-thread blocks; at 64 registers a thread two 512-thread (four
+// 256-thread) blocks fit an SM, at 66 (what ptxas takes unbounded once the half chunk came in)
+// only one (three). The _r0 variants are unbounded, _rN capped at N (MLXCEL_TC_*_REGS).
+#define TC_GEMV_CAP __launch_bounds__(512, 2)
+#define TC_QGEMV3(XN, X, SUF, CAP)                                                                                    \
+  extern "C" __global__ void CAP tc_qgemv3_##XN##_4##SUF(                                                             \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
@@ -688,13 +692,15 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
-TC_QGEMV3(f16, F16)
-TC_QGEMV3(bf16, BF16)
+TC_QGEMV3(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV3(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV3(f16, F16, _r0, )
+TC_QGEMV3(bf16, BF16, _r0, )
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 128; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
-#define TC_QGEMV(XN, X)                                                                                               \
-  extern "C" __global__ void tc_qgemv_##XN##_4(const void* x, int, const unsigned* w, const void* s,                  \
+#define TC_QGEMV(XN, X, SUF, CAP)                                                                                     \
+  extern "C" __global__ void CAP tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,         \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
                                                int group) {                                                           \
     const unsigned* ws[1] = {w};                                                                                      \
@@ -706,8 +712,9 @@ TC_QGEMV3(bf16, BF16)
       tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
-  }                                                                                                                   \
-  extern "C" __global__ void tc_qglu_##XN##_4(const void* x, int, const unsigned* wg, const void* sg,                 \
+  }
+#define TC_QGLU(XN, X, SUF, CAP)                                                                                      \
+  extern "C" __global__ void CAP tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,        \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu,     \
                                               int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k,          \
                                               int group, NORM_IN_PARAMS) {                                            \
@@ -722,8 +729,18 @@ TC_QGEMV3(bf16, BF16)
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
   }
-TC_QGEMV(f16, F16)
-TC_QGEMV(bf16, BF16)
+TC_QGEMV(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV(f16, F16, _r0, )
+TC_QGEMV(bf16, BF16, _r0, )
+TC_QGLU(f16, F16, , )
+TC_QGLU(bf16, BF16, , )
+TC_QGLU(f16, F16, _r96, __maxnreg__(96))
+TC_QGLU(bf16, BF16, _r96, __maxnreg__(96))
+TC_QGLU(f16, F16, _r80, __maxnreg__(80))
+TC_QGLU(bf16, BF16, _r80, __maxnreg__(80))
+TC_QGLU(f16, F16, _r64, __maxnreg__(64))
+TC_QGLU(bf16, BF16, _r64, __maxnreg__(64))
 
 // The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
 // blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).

@@ -200,8 +200,13 @@ pub(crate) fn tc_gemv_kernel(
     });
     Some(GemvLaunch {
         name: intern(format!(
-            "tc_{family}_{}_4",
-            if x == DType::F16 { "f16" } else { "bf16" }
+            "tc_{family}_{}_4{}",
+            if x == DType::F16 { "f16" } else { "bf16" },
+            match family {
+                "qgemv" => tune.tc_gemv_regs,
+                "qglu" => tune.tc_glu_regs,
+                _ => "",
+            }
         )),
         grid: tiles as u32,
         block: 32 * warps.clamp(1, 16) as u32,
@@ -232,6 +237,12 @@ struct GemvTuning {
     warps: usize,
     tensor_cores: bool,
     tc_warps: Option<usize>,
+    /// Kernel-name suffix of the tensor-core GEMV's register bound: "" (at most 64, the
+    /// default) or "_r0" (what ptxas takes), `MLXCEL_TC_GEMV_REGS=0`.
+    tc_gemv_regs: &'static str,
+    /// The same for the tensor-core GLU: "" (unbounded, the default) or "_r96", "_r80", "_r64"
+    /// (`MLXCEL_TC_GLU_REGS=96|80|64`).
+    tc_glu_regs: &'static str,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -247,6 +258,16 @@ fn gemv_tuning() -> &'static GemvTuning {
             .unwrap_or(8),
         tensor_cores: std::env::var("MLXCEL_GEMV_TC").map_or(true, |v| v != "0"),
         tc_warps: env_usize("MLXCEL_TC_WARPS").filter(|w| (1..=16).contains(w)),
+        tc_gemv_regs: match env_usize("MLXCEL_TC_GEMV_REGS") {
+            Some(0) => "_r0",
+            _ => "",
+        },
+        tc_glu_regs: match env_usize("MLXCEL_TC_GLU_REGS") {
+            Some(96) => "_r96",
+            Some(80) => "_r80",
+            Some(64) => "_r64",
+            _ => "",
+        },
     })
 }
 
