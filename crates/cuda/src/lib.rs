@@ -18,6 +18,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("reduce.cu", include_str!("../kernels/reduce.cu")),
     ("linalg.cu", include_str!("../kernels/linalg.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
     ("nn.cu", include_str!("../kernels/nn.cu")),
     ("index.cu", include_str!("../kernels/index.cu")),
     ("layout.cu", include_str!("../kernels/layout.cu")),

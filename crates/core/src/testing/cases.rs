@@ -934,8 +934,10 @@ struct Attn {
     softcap: Option<f32>,
     /// `kv_len` and the write position per batch row (`[B]`) rather than one scalar.
     per_batch_len: bool,
-    /// Cache slots (the write lands at 7/8 of a long cache).
+    /// Cache slots (the write lands at 7/8 of a long cache, or where it still fits).
     cap: usize,
+    /// The write position in place of that rule (a scalar position).
+    at: Option<usize>,
 }
 
 impl Attn {
@@ -959,6 +961,9 @@ impl Attn {
         if self.cap != 40 {
             s += &format!("/cap{}", self.cap);
         }
+        if let Some(at) = self.at {
+            s += &format!("/at{at}");
+        }
         s
     }
 }
@@ -966,23 +971,31 @@ impl Attn {
 fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
     #[rustfmt::skip]
     let variants = [
-        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
-        Attn { batch: 1, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: Some(2.0), per_batch_len: false, cap: 40 },
-        Attn { batch: 2, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: true, cap: 40 },
-        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 5, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
-        Attn { batch: 1, kv_heads: 2, gqa: 4, d: 32, dv: 32, t: 5, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40 },
-        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 5, causal: true, window: Some(3), softcap: Some(2.0), per_batch_len: true, cap: 40 },
-        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 5, causal: false, window: None, softcap: None, per_batch_len: false, cap: 40 },
-        Attn { batch: 2, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 3, causal: false, window: None, softcap: Some(2.0), per_batch_len: true, cap: 40 },
-        Attn { batch: 1, kv_heads: 1, gqa: 2, d: 64, dv: 64, t: 1, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40 },
-        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 64, dv: 32, t: 2, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40 },
+        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: Some(2.0), per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 2, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: None, per_batch_len: true, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 5, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 4, d: 32, dv: 32, t: 5, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 64, dv: 64, t: 5, causal: true, window: Some(3), softcap: Some(2.0), per_batch_len: true, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 32, dv: 32, t: 5, causal: false, window: None, softcap: None, per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 2, kv_heads: 2, gqa: 1, d: 64, dv: 64, t: 3, causal: false, window: None, softcap: Some(2.0), per_batch_len: true, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 1, gqa: 2, d: 64, dv: 64, t: 1, causal: true, window: Some(3), softcap: None, per_batch_len: false, cap: 40, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 2, d: 64, dv: 32, t: 2, causal: true, window: None, softcap: None, per_batch_len: false, cap: 40, at: None },
         // Decode shapes of real models over long caches (on CUDA: the grouped-query kernel with
         // several keys a split, the last split partly past the length): llama, qwen2.5-0.5b,
         // gemma (window, softcap, batch rows of different lengths), qwen3-moe.
-        Attn { batch: 1, kv_heads: 8, gqa: 4, d: 128, dv: 128, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 600 },
-        Attn { batch: 1, kv_heads: 2, gqa: 7, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 300 },
-        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300 },
-        Attn { batch: 1, kv_heads: 4, gqa: 8, d: 128, dv: 128, t: 1, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200 },
+        Attn { batch: 1, kv_heads: 8, gqa: 4, d: 128, dv: 128, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 600, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 7, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 300, at: None },
+        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300, at: None },
+        Attn { batch: 1, kv_heads: 4, gqa: 8, d: 128, dv: 128, t: 1, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200, at: None },
+        // Prefill chunks in real head sizes (on CUDA: the tensor-core kernel, several tiles of
+        // 64 queries and of 64 keys, the last ones partial): after earlier context, from the
+        // start, with a window and softcap over batch rows of different lengths, unmasked.
+        Attn { batch: 1, kv_heads: 2, gqa: 4, d: 128, dv: 128, t: 100, causal: true, window: None, softcap: None, per_batch_len: false, cap: 300, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 7, d: 64, dv: 64, t: 70, causal: true, window: None, softcap: None, per_batch_len: false, cap: 200, at: Some(0) },
+        Attn { batch: 2, kv_heads: 1, gqa: 2, d: 64, dv: 64, t: 65, causal: true, window: Some(40), softcap: Some(50.0), per_batch_len: true, cap: 200, at: None },
+        Attn { batch: 1, kv_heads: 2, gqa: 1, d: 128, dv: 128, t: 80, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200, at: None },
+        Attn { batch: 1, kv_heads: 1, gqa: 2, d: 128, dv: 128, t: 130, causal: true, window: Some(70), softcap: None, per_batch_len: false, cap: 300, at: Some(20) },
     ];
     for a in &variants {
         for &dt in &FLOATS {
@@ -999,14 +1012,18 @@ fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
             let long = a.cap > 40;
             let pos = if a.per_batch_len {
                 let at = if long {
-                    [(a.cap / 3) as f32, (a.cap - 5) as f32]
+                    [(a.cap / 3) as f32, (a.cap - 5).min(a.cap - t - 3) as f32]
                 } else {
                     [11.0, 23.0]
                 };
                 c.input_values("pos", I32, &[b], &at[..b])?
             } else {
-                let at = if long { (a.cap * 7 / 8) as f32 } else { 17.0 };
-                c.input_values("pos", I32, &[], &[at])?
+                let at = match a.at {
+                    Some(at) => at,
+                    None if long => (a.cap * 7 / 8).min(a.cap - t - 3),
+                    None => 17,
+                };
+                c.input_values("pos", I32, &[], &[at as f32])?
             };
             let k_all = c.b.kv_write(k_cache, k_new, pos)?;
             let v_all = c.b.kv_write(v_cache, v_new, pos)?;

@@ -733,6 +733,10 @@ pub fn node(
                 ];
                 return gpu.launch("attention_combine", rows as u32, 128, 0, &combine);
             }
+            if let Some(name) = flash_prefill_kernel(graph, i) {
+                let grid = (sq[2].div_ceil(64) as u32, (sq[0] * sq[1]) as u32);
+                return gpu.launch_grid(name, grid, 128, 0, &args);
+            }
             gpu.launch("attention", rows as u32, 128, (sk[2] * 4) as u32, &args)
         }
         Op::KvWrite => {
@@ -1434,6 +1438,36 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     let group = sq[1] / sk[1].max(1);
     let fits = sq[2] == 1 && sk[3] == d && sv[3] == d && matches!(d, 128 | 256);
     (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=4).contains(&group)).then_some(d / 32)
+}
+
+/// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
+/// one query a head, q, k and v of one 16-bit dtype, head sizes 64 or 128 alike
+/// (`MLXCEL_ATT_FLASH=0`: the scalar kernel everywhere, for comparison).
+fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+    use mlxcel_core::DType;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("MLXCEL_ATT_FLASH").map_or(true, |v| v != "0")) {
+        return None;
+    }
+    let node = &graph.nodes[i];
+    let (q, k, v) = (
+        graph.node(node.inputs[0]),
+        graph.node(node.inputs[1]),
+        graph.node(node.inputs[2]),
+    );
+    let d = q.shape[3];
+    let same = q.dtype == k.dtype && k.dtype == v.dtype && k.shape[3] == d && v.shape[3] == d;
+    let grouped = k.shape[1] > 0 && q.shape[1] % k.shape[1] == 0;
+    if q.shape[2] < 2 || !same || !grouped {
+        return None;
+    }
+    Some(match (q.dtype, d) {
+        (DType::F16, 64) => "flash_prefill_f16_64",
+        (DType::F16, 128) => "flash_prefill_f16_128",
+        (DType::BF16, 64) => "flash_prefill_bf16_64",
+        (DType::BF16, 128) => "flash_prefill_bf16_128",
+        _ => return None,
+    })
 }
 
 /// `MLXCEL_ATT_KEYS`: cache positions a decode-attention split takes (default 32, the best of
