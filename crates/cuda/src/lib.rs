@@ -19,6 +19,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("linalg.cu", include_str!("../kernels/linalg.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("grouped.cu", include_str!("../kernels/grouped.cu")),
     ("nn.cu", include_str!("../kernels/nn.cu")),
     ("index.cu", include_str!("../kernels/index.cu")),
     ("layout.cu", include_str!("../kernels/layout.cu")),

@@ -203,8 +203,10 @@ pub(crate) fn tc_gemv_kernel(
             "tc_{family}_{}_4{}",
             if x == DType::F16 { "f16" } else { "bf16" },
             match family {
-                "qgemv" => tune.tc_gemv_regs,
-                "qglu" => tune.tc_glu_regs,
+                // Bounded at 64 registers where blocks are large (two 512-thread blocks an SM
+                // rather than one); smaller blocks measured 1-3% faster unbounded (gemma3-1b,
+                // qwen3-30b-a3b's attention products).
+                "qgemv" => tune.tc_gemv_regs.unwrap_or(if warps >= 8 { "" } else { "_r0" }),
                 _ => "",
             }
         )),
@@ -237,12 +239,10 @@ struct GemvTuning {
     warps: usize,
     tensor_cores: bool,
     tc_warps: Option<usize>,
-    /// Kernel-name suffix of the tensor-core GEMV's register bound: "" (at most 64, the
-    /// default) or "_r0" (what ptxas takes), `MLXCEL_TC_GEMV_REGS=0`.
-    tc_gemv_regs: &'static str,
-    /// The same for the tensor-core GLU: "" (unbounded, the default) or "_r96", "_r80", "_r64"
-    /// (`MLXCEL_TC_GLU_REGS=96|80|64`).
-    tc_glu_regs: &'static str,
+    /// Kernel-name suffix of the tensor-core GEMV's register bound, where forced: "" (at most
+    /// 64, `MLXCEL_TC_GEMV_REGS=64`) or "_r0" (what ptxas takes, `MLXCEL_TC_GEMV_REGS=0`);
+    /// by block size otherwise.
+    tc_gemv_regs: Option<&'static str>,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -259,14 +259,9 @@ fn gemv_tuning() -> &'static GemvTuning {
         tensor_cores: std::env::var("MLXCEL_GEMV_TC").map_or(true, |v| v != "0"),
         tc_warps: env_usize("MLXCEL_TC_WARPS").filter(|w| (1..=16).contains(w)),
         tc_gemv_regs: match env_usize("MLXCEL_TC_GEMV_REGS") {
-            Some(0) => "_r0",
-            _ => "",
-        },
-        tc_glu_regs: match env_usize("MLXCEL_TC_GLU_REGS") {
-            Some(96) => "_r96",
-            Some(80) => "_r80",
-            Some(64) => "_r64",
-            _ => "",
+            Some(0) => Some("_r0"),
+            Some(64) => Some(""),
+            _ => None,
         },
     })
 }
@@ -584,6 +579,44 @@ pub fn node(
                 }
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
+            }
+            if let (Some(name), true) = (grouped_qmm_kernel(graph, i), scratch != 0) {
+                // Prefill: the pairs grouped by expert (scratch: order, then offsets), then
+                // each expert's weight once for all its pairs.
+                let (order, offsets) = (scratch, scratch + 4 * pairs as u64);
+                gpu.launch(
+                    "moe_sort",
+                    1,
+                    1024,
+                    0,
+                    &[
+                        Ptr(ptr(4)),
+                        I32(icode(input(4).dtype)?),
+                        I64(pairs as i64),
+                        I64(experts as i64),
+                        Ptr(order),
+                        Ptr(offsets),
+                        Ptr(error),
+                        I32(tag),
+                    ],
+                )?;
+                let grouped = [
+                    Ptr(ptr(0)),
+                    I64(x_rows as i64),
+                    Ptr(ptr(1)),
+                    Ptr(ptr(2)),
+                    Ptr(ptr(3)),
+                    I32(fcode(input(2).dtype)?),
+                    Ptr(order),
+                    Ptr(offsets),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
+                    I64(top as i64),
+                    I64(nn as i64),
+                    I64(k as i64),
+                    I32(*group_size as i32),
+                ];
+                return gpu.launch_grid(name, (nn.div_ceil(64) as u32, experts as u32), 128, 0, &grouped);
             }
             gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
         }
@@ -1440,6 +1473,35 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=4).contains(&group)).then_some(d / 32)
 }
 
+/// The routed product grouped by expert (grouped.cu) for node `i`, where it applies: more pairs
+/// than the decode kernels take, 4-bit weights, f16/bf16 x, k a multiple of 64, at most 1024
+/// experts (`MLXCEL_MOE_GROUPED=0`: gather_qmm, a weight read a pair, for comparison).
+fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+    use mlxcel_core::DType;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("MLXCEL_MOE_GROUPED").map_or(true, |v| v != "0")) {
+        return None;
+    }
+    let node = &graph.nodes[i];
+    let Op::GatherQuantizedMatMul { bits: 4, group_size } = node.op else {
+        return None;
+    };
+    let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
+    let pairs: usize = graph.node(node.inputs[4]).shape.iter().product();
+    let k = *x.shape.last()?;
+    let fits = pairs > GATHER_GEMV_PAIRS
+        && pairs < i32::MAX as usize
+        && w.shape[0] <= 1024
+        && k.is_multiple_of(64)
+        && group_size.is_multiple_of(8)
+        && k.is_multiple_of(group_size);
+    match x.dtype {
+        DType::F16 if fits => Some("grouped_qmm_f16"),
+        DType::BF16 if fits => Some("grouped_qmm_bf16"),
+        _ => None,
+    }
+}
+
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
 /// one query a head, q, k and v of one 16-bit dtype, head sizes 64 or 128 alike
 /// (`MLXCEL_ATT_FLASH=0`: the scalar kernel everywhere, for comparison).
@@ -1494,11 +1556,17 @@ fn argmax_parts(graph: &Graph, i: usize) -> Option<(usize, usize)> {
     (inner == 1 && len >= 8192 && len < u32::MAX as usize).then(|| (rows, (len / 2048).clamp(2, 128)))
 }
 
-/// Bytes of scratch node `i` keeps for partial results: decode attention's splits, or a long
-/// argmax's per-block maxima (a value and an index each).
+/// Bytes of scratch node `i` keeps for partial results: decode attention's splits, a long
+/// argmax's per-block maxima (a value and an index each), or a grouped routed product's pair
+/// order and expert offsets.
 pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
     if let Some((rows, parts)) = argmax_parts(graph, i) {
         return Some(rows * parts * 8);
+    }
+    if grouped_qmm_kernel(graph, i).is_some() {
+        let node = &graph.nodes[i];
+        let pairs: usize = graph.node(node.inputs[4]).shape.iter().product();
+        return Some((pairs + graph.node(node.inputs[1]).shape[0] + 1) * 4);
     }
     let splits = decode_attention_splits(graph, i)?;
     let node = &graph.nodes[i];
