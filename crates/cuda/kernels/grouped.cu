@@ -36,9 +36,11 @@ extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64
 
 // y [pairs, n] = x_p · W_eᵀ for 4-bit stacked expert weights (gather_qmm's operands; x f16 or
 // bf16, k a multiple of 64, groups multiples of 8). Block (64-row tile of the weight, expert e)
-// of 4 warps: for each 64 of e's pairs, k in chunks of 64: the pairs' rows of x and the weight
-// tile dequantized to x's dtype (as the cuBLAS path expands it) in shared memory, then warp w
-// takes pairs 16w .. 16w + 15 against all 64 rows with mma.m16n8k16, f32 accumulation.
+// of 128 threads: for each 64 of e's pairs, k in chunks of 64: the pairs' rows of x and the
+// weight tile dequantized to x's dtype (as the cuBLAS path expands it) in shared memory, then
+// warp w takes pairs 16w .. 16w + 15 against all 64 rows with mma.m16n8k16, f32 accumulation.
+// Each thread moves words c = tid % 8 of rows tid / 8 + 16j (j < 4) of both tiles, and requests
+// the next chunk's before the tensor cores run on this one.
 #define GQ_T 64
 template <class X>
 __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z,
@@ -51,46 +53,65 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
   const i64 e = blockIdx.y, n0 = (i64)blockIdx.x * GQ_T;
   const int begin = offsets[e], end = offsets[e + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const i64 wrow = k / 8, groups = k / group;
+  // This thread's weight rows (the same for every pair tile), or -1 past n.
+  i64 wr[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) wr[j] = n0 + r0 + 16 * j < n ? e * n + n0 + r0 + 16 * j : -1;
   for (int m0 = begin; m0 < end; m0 += GQ_T) {
+    const unsigned short* xp[4];  // this thread's rows of x at word c, or null past the pairs
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int m = m0 + r0 + 16 * j;
+      xp[j] = nullptr;
+      if (m < end) {
+        const i64 p = order[m], xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
+        xp[j] = (const unsigned short*)x + xr * k + 8 * c;
+      }
+    }
+    uint4 xv[4];
+    unsigned wv[4];
+    float sc[4], bi[4];
+    auto fetch = [&](i64 k0) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        xv[j] = xp[j] ? *(const uint4*)(xp[j] + k0) : make_uint4(0, 0, 0, 0);
+        const i64 at = wr[j] * groups + (k0 + 8 * c) / group;
+        wv[j] = wr[j] >= 0 ? w[wr[j] * wrow + k0 / 8 + c] : 0u;
+        sc[j] = wr[j] >= 0 ? ldf(s, sdt, at) : 0.0f;
+        bi[j] = wr[j] >= 0 ? ldf(z, sdt, at) : 0.0f;
+      }
+    };
+    fetch(0);
     float acc[GQ_T / 8][4];
 #pragma unroll
     for (int j = 0; j < GQ_T / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     for (i64 k0 = 0; k0 < k; k0 += GQ_T) {
       __syncthreads();  // the last chunk's readers are done
-      for (int i = threadIdx.x; i < GQ_T * GQ_T / 8; i += blockDim.x) {
-        const int r = i / (GQ_T / 8), c = i % (GQ_T / 8);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (m0 + r < end) {
-          const i64 p = order[m0 + r], xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
-          v = ((const uint4*)((const unsigned short*)x + xr * k + k0))[c];
-        }
-        *(uint4*)&xs[r][c * 8] = v;
-        // Word c of the tile's row r: values k0 + 8c .. + 7, one group.
-        Word d;
-        d.u = make_uint4(0, 0, 0, 0);
-        const i64 row = n0 + r;
-        if (row < n) {
-          const i64 at = (e * n + row) * groups + (k0 + 8 * c) / group;
-          const float sc = ldf(s, sdt, at), bi = ldf(z, sdt, at);
-          float q[8];
-          qvals<4>(w[(e * n + row) * wrow + k0 / 8 + c], q);
 #pragma unroll
-          for (int j = 0; j < 8; j++) X::st(d.h, j, q[j] * sc + bi);
-        }
-        *(uint4*)&ws[r][c * 8] = d.u;
+      for (int j = 0; j < 4; j++) {
+        *(uint4*)&xs[r0 + 16 * j][8 * c] = xv[j];
+        float q[8];
+        qvals<4>(wv[j], q);
+        Word d;
+#pragma unroll
+        for (int v = 0; v < 8; v++) X::st(d.h, v, q[v] * sc[j] + bi[j]);
+        *(uint4*)&ws[r0 + 16 * j][8 * c] = d.u;
       }
       __syncthreads();
+      if (k0 + GQ_T < k) fetch(k0 + GQ_T);
       if (m0 + 16 * warp >= end) continue;  // this warp's pairs are all past the expert's
 #pragma unroll
       for (int kk = 0; kk < GQ_T / 16; kk++) {
-        const int c = 16 * kk + 2 * tq;
-        const unsigned a[4] = {*(const unsigned*)&xs[16 * warp + g][c], *(const unsigned*)&xs[16 * warp + g + 8][c],
-                               *(const unsigned*)&xs[16 * warp + g][c + 8],
-                               *(const unsigned*)&xs[16 * warp + g + 8][c + 8]};
+        const int col = 16 * kk + 2 * tq;
+        const unsigned a[4] = {*(const unsigned*)&xs[16 * warp + g][col],
+                               *(const unsigned*)&xs[16 * warp + g + 8][col],
+                               *(const unsigned*)&xs[16 * warp + g][col + 8],
+                               *(const unsigned*)&xs[16 * warp + g + 8][col + 8]};
 #pragma unroll
         for (int j = 0; j < GQ_T / 8; j++)
-          TC::mma(acc[j], a, *(const unsigned*)&ws[8 * j + g][c], *(const unsigned*)&ws[8 * j + g][c + 8]);
+          TC::mma(acc[j], a, *(const unsigned*)&ws[8 * j + g][col], *(const unsigned*)&ws[8 * j + g][col + 8]);
       }
     }
 #pragma unroll
@@ -108,11 +129,15 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
   }
 }
 
-#define GROUPED_QMM(XN, X)                                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) grouped_qmm_##XN(                                                  \
+// Bounded at 128 registers (four blocks an SM; ptxas spills 32 bytes) or not (_r0: 164, three
+// blocks an SM; MLXCEL_MOE_GROUPED_REGS=0).
+#define GROUPED_QMM(XN, X, SUF, CAP)                                                                                   \
+  extern "C" __global__ void CAP grouped_qmm_##XN##SUF(                                                                \
       const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
       const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                                        \
     grouped_qmm<X>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group);                                 \
   }
-GROUPED_QMM(f16, F16)
-GROUPED_QMM(bf16, BF16)
+GROUPED_QMM(f16, F16, , __launch_bounds__(128, 4))
+GROUPED_QMM(bf16, BF16, , __launch_bounds__(128, 4))
+GROUPED_QMM(f16, F16, _r0, __launch_bounds__(128))
+GROUPED_QMM(bf16, BF16, _r0, __launch_bounds__(128))

@@ -151,3 +151,22 @@ extern "C" __global__ void weighted_sum(const void* y, const void* w, int dt, i6
   const float s = warp_sum(v);
   if (lane == 0) stf(out, dt, o, s);
 }
+
+// The same for many rows (prefill): a thread an output, adding as warp_sum's butterfly leaves
+// lane 0's value (a[i] += a[i + s] for s = 16, 8, 4, 2, 1, zeros past k), so the result equals
+// weighted_sum's and the unfused graph's.
+extern "C" __global__ void weighted_sum_rows(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d,
+                                             void* out) {
+  for (i64 o = gid(); o < rows * d; o += gstride()) {
+    const i64 r = o / d, c = o % d;
+    float a[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) a[j] = j < k ? round_to(ldf(y, dt, (r * k + j) * d + c) * ldf(w, dt, r * k + j), dt) : 0.0f;
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+#pragma unroll
+      for (int i = 0; i < s; i++) a[i] += a[i + s];
+    }
+    stf(out, dt, o, a[0]);
+  }
+}

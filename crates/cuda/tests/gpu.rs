@@ -300,9 +300,10 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
         });
     }
-    // MoE's combine: 8 experts' outputs times their weights, summed (one launch).
-    for act in [DType::F16, DType::BF16] {
-        let (rows, k, d) = (2, 8, 96);
+    // MoE's combine: 8 experts' outputs times their weights, summed (one launch), for decode
+    // and for a prefill chunk (a thread an output).
+    for (act, rows) in [(DType::F16, 2), (DType::BF16, 2), (DType::F16, 70), (DType::BF16, 70)] {
+        let (k, d) = (8, 96);
         let mut b = GraphBuilder::default();
         let y = b.input("y", act, &[rows, 1, k, d]);
         let w = b.input("w", act, &[rows, 1, k]);
@@ -316,7 +317,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             "the combine in one launch"
         );
         cases.push(OpCase {
-            name: format!("fused moe combine {act}"),
+            name: format!("fused moe combine {act} rows{rows}"),
             graph,
             inputs: vec![
                 HostTensor::from_f32(act, &[rows, 1, k, d], &noise(51, rows * k * d)).unwrap(),

@@ -1105,7 +1105,10 @@ pub(crate) fn fused(
                 I64(d as i64),
                 Ptr(at(i)),
             ];
-            // A warp an output, 8 a block (reduce.cu).
+            // Decode: a warp an output, 8 a block; prefill: a thread an output (reduce.cu).
+            if rows > GATHER_GEMV_PAIRS {
+                return gpu.launch("weighted_sum_rows", blocks(rows * d), THREADS, 0, &args);
+            }
             gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)
         }
         Fused::RopeQkvWrite { q, k, v } => {
@@ -1495,9 +1498,13 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
         && k.is_multiple_of(64)
         && group_size.is_multiple_of(8)
         && k.is_multiple_of(group_size);
-    match x.dtype {
-        DType::F16 if fits => Some("grouped_qmm_f16"),
-        DType::BF16 if fits => Some("grouped_qmm_bf16"),
+    static UNBOUNDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let unbounded = *UNBOUNDED.get_or_init(|| std::env::var("MLXCEL_MOE_GROUPED_REGS").is_ok_and(|v| v == "0"));
+    match (x.dtype, unbounded) {
+        (DType::F16, false) if fits => Some("grouped_qmm_f16"),
+        (DType::BF16, false) if fits => Some("grouped_qmm_bf16"),
+        (DType::F16, true) if fits => Some("grouped_qmm_f16_r0"),
+        (DType::BF16, true) if fits => Some("grouped_qmm_bf16_r0"),
         _ => None,
     }
 }
