@@ -5,6 +5,7 @@
 source "$(dirname "$0")/common.sh"
 {
 gpu_checks
+sweep
 bench moe-bounded qwen3-30b-a3b-4bit
 bench moe-unbounded qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED_REGS=0
 bench moe-gather qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED=0
