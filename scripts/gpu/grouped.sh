@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU: the grouped routed product with the next chunk requested before the tensor cores run
 # (bounded at 128 registers, or not: MLXCEL_MOE_GROUPED_REGS=0), the combine a thread an output
-# at prefill; GPU checks, qwen3-30b-a3b side by side, and its prefill profile.
+# at prefill; GPU checks, qwen3-30b-a3b side by side, and its prefill profile. Then Nsight
+# Compute on the decode GEMV (q/o shape) and GLU: what holds them at 0.7 and 1.6 TB/s.
 source "$(dirname "$0")/common.sh"
 {
 gpu_checks
@@ -11,5 +12,14 @@ bench moe-unbounded qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED_REGS=0
 bench moe-gather qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED=0
 MLXCEL_CUDA_PROFILE=1 timeout 90 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4bit --device cuda -p 512 -g 4 -r 3 > $OUT/profile-moe.txt 2>&1
 echo "== profile rc=$?"; grep -A14 "graph 0" $OUT/profile-moe.txt
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+for k in tc_qgemv_f16_4 tc_qglu_f16_4; do
+  timeout 90 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats \
+    .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-$k.txt 2>&1
+  echo "== ncu $k rc=$?"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Block Size|Grid Size|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|ERR" $OUT/ncu-$k.txt | head -30
+done
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt
