@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # GPU: the grouped routed product with the next chunk requested before the tensor cores run
 # (bounded at 128 registers, or not: MLXCEL_MOE_GROUPED_REGS=0), the combine a thread an output
-# at prefill; GPU checks, qwen3-30b-a3b side by side, and its prefill profile. Then Nsight
-# Compute on the decode GEMV (q/o shape) and GLU: what holds them at 0.7 and 1.6 TB/s.
+# at prefill; GPU checks, qwen3-30b-a3b side by side and its prefill profile; then serve's
+# throughput at 1/8/32/64 streams (scripts/gpu/serve-bench.sh), the sweep, and Nsight Compute on
+# the decode GEMV of the q/o shape (what holds it at 0.7 TB/s). Most important first.
 source "$(dirname "$0")/common.sh"
 {
 gpu_checks
-sweep
 bench moe-bounded qwen3-30b-a3b-4bit
 bench moe-unbounded qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED_REGS=0
-bench moe-gather qwen3-30b-a3b-4bit MLXCEL_MOE_GROUPED=0
 MLXCEL_CUDA_PROFILE=1 timeout 90 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4bit --device cuda -p 512 -g 4 -r 3 > $OUT/profile-moe.txt 2>&1
 echo "== profile rc=$?"; grep -A14 "graph 0" $OUT/profile-moe.txt
+echo "== serve"; SERVE_S=150 timeout 230 bash scripts/gpu/serve-bench.sh
+sweep
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-for k in tc_qgemv_f16_4 tc_qglu_f16_4; do
+for k in tc_qgemv_f16_4; do
   timeout 90 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats \
