@@ -1498,13 +1498,9 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
         && k.is_multiple_of(64)
         && group_size.is_multiple_of(8)
         && k.is_multiple_of(group_size);
-    static UNBOUNDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let unbounded = *UNBOUNDED.get_or_init(|| std::env::var("MLXCEL_MOE_GROUPED_REGS").is_ok_and(|v| v == "0"));
-    match (x.dtype, unbounded) {
-        (DType::F16, false) if fits => Some("grouped_qmm_f16"),
-        (DType::BF16, false) if fits => Some("grouped_qmm_bf16"),
-        (DType::F16, true) if fits => Some("grouped_qmm_f16_r0"),
-        (DType::BF16, true) if fits => Some("grouped_qmm_bf16_r0"),
+    match x.dtype {
+        DType::F16 if fits => Some("grouped_qmm_f16"),
+        DType::BF16 if fits => Some("grouped_qmm_bf16"),
         _ => None,
     }
 }
