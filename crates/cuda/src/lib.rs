@@ -95,9 +95,15 @@ impl CudaBackend {
 
     /// Compiles every kernel to PTX for `arch` (e.g. `sm_90`) without a GPU: what CI checks.
     pub fn compile_kernels(arch: &'static str) -> Result<usize> {
+        Self::kernel_ptx(arch).map(|ptx| ptx.len())
+    }
+
+    /// The PTX of every kernel for `arch`, through NVRTC (no GPU needed): for checks such as
+    /// ptxas's register counts.
+    pub fn kernel_ptx(arch: &'static str) -> Result<String> {
         #[cfg(feature = "cuda")]
         {
-            device::compile_ptx(arch).map(|ptx| ptx.len())
+            device::compile_ptx(arch)
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -13,12 +13,95 @@ fn required(var: &str) -> bool {
 
 #[test]
 fn every_kernel_compiles_to_ptx_for_hopper() {
-    match CudaBackend::compile_kernels("sm_90") {
-        Ok(bytes) => assert!(bytes > 1000, "suspiciously small PTX ({bytes} bytes)"),
+    match CudaBackend::kernel_ptx("sm_90") {
+        Ok(ptx) => {
+            assert!(ptx.len() > 1000, "suspiciously small PTX ({} bytes)", ptx.len());
+            check_registers(&ptx);
+        }
         Err(e) if !required("MLXCEL_REQUIRE_NVRTC") && !required("MLXCEL_REQUIRE_CUDA") => {
             eprintln!("skipping the kernel compile check: {e}");
         }
         Err(e) => panic!("{e}"),
+    }
+}
+
+/// Kernels whose speed depends on staying under a register count: blocks an SM are given out
+/// by registers, 8 a thread at a time, so one register over a step can cost a block an SM (the
+/// tensor-core GEMV at 66 registers fit one 512-thread block an SM instead of two, and
+/// llama-3.1-8b decoded 9% slower).
+const REGISTER_LIMITS: &[(&str, u32, &str)] = &[
+    ("tc_qgemv_f16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qgemv_bf16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qgemv3_f16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qgemv3_bf16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qglu_f16_4", 128, "four 128-thread blocks an SM"),
+    ("tc_qglu_bf16_4", 128, "four 128-thread blocks an SM"),
+    ("grouped_qmm_f16", 168, "three 128-thread blocks an SM"),
+    ("grouped_qmm_bf16", 168, "three 128-thread blocks an SM"),
+];
+
+/// ptxas's register and spill counts for every kernel of the PTX: none may spill, and those of
+/// REGISTER_LIMITS stay within theirs. ptxas comes from `$MLXCEL_PTXAS` or PATH (PyPI:
+/// nvidia-cuda-nvcc); without it the check prints a notice and skips, unless
+/// MLXCEL_REQUIRE_PTXAS=1 (set by CI).
+fn check_registers(ptx: &str) {
+    let ptxas = std::env::var_os("MLXCEL_PTXAS").unwrap_or_else(|| "ptxas".into());
+    let dir = std::env::temp_dir().join(format!("mlxcel-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, out) = (dir.join("kernels.ptx"), dir.join("kernels.cubin"));
+    std::fs::write(&src, ptx).unwrap();
+    let run = std::process::Command::new(&ptxas)
+        .args(["-arch=sm_90", "-v"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .output();
+    std::fs::remove_dir_all(&dir).ok();
+    let run = match run {
+        Ok(r) if r.status.success() => r,
+        Ok(r) => panic!("ptxas failed: {}", String::from_utf8_lossy(&r.stderr)),
+        Err(e) if !required("MLXCEL_REQUIRE_PTXAS") => {
+            return eprintln!("skipping the register check: {ptxas:?}: {e}");
+        }
+        Err(e) => panic!("{ptxas:?}: {e}"),
+    };
+    // "Compiling entry function 'NAME'", then "... N bytes spill stores ...", then "Used R registers".
+    let log = String::from_utf8_lossy(&run.stderr);
+    let (mut name, mut spills) = (String::new(), 0u32);
+    let mut registers = std::collections::HashMap::new();
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| w.trim_end_matches(',') == word)?;
+        words.get(at.checked_sub(1)?)?.parse().ok()
+    };
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            name = rest.split('\'').next().unwrap_or_default().to_string();
+        } else if line.contains("spill stores") {
+            spills = number_before(line, "spill").unwrap_or(0);
+        } else if let Some(r) = line
+            .contains("registers")
+            .then(|| number_before(line, "registers"))
+            .flatten()
+        {
+            registers.insert(name.clone(), (r, spills));
+        }
+    }
+    assert!(
+        registers.len() > 100,
+        "ptxas reported {} kernels:\n{log}",
+        registers.len()
+    );
+    let spilling: Vec<_> = registers.iter().filter(|(_, &(_, s))| s > 0).collect();
+    assert!(
+        spilling.is_empty(),
+        "kernels that spill (registers, spill bytes): {spilling:?}"
+    );
+    for &(kernel, limit, why) in REGISTER_LIMITS {
+        let &(used, _) = registers
+            .get(kernel)
+            .unwrap_or_else(|| panic!("ptxas did not report {kernel}"));
+        assert!(used <= limit, "{kernel} uses {used} registers, over {limit} ({why})");
     }
 }
 
