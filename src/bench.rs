@@ -52,6 +52,10 @@ fn validate(a: &BenchArgs) -> Result<()> {
     ] {
         ensure!(value > 0, "{flag} {value}: must be at least 1");
     }
+    if let Some(b) = a.batch {
+        ensure!(b > 0, "--batch {b}: must be at least 1");
+        ensure!(a.graph_only, "--batch is only counted so far: give --graph-only too");
+    }
     Ok(())
 }
 
@@ -288,10 +292,23 @@ fn graph_only(
         policy: plan.policy.name(),
     };
     let capacity = context.max(1); // what bench's engine allocates (its context is the run)
-    let graph = decode_graph(&model, dtype, &SamplerSettings::default(), capacity)?;
+    let (graph, step) = match a.batch {
+        Some(rows) => {
+            let shape = mlxcel_engine::paged::StepShape::decode(rows, capacity, 16);
+            let graph = mlxcel_engine::paged::step_graph(&model, dtype.activations, &shape, false)?;
+            (
+                graph,
+                format!("batched decode step of {what}, {rows} rows of {capacity} positions"),
+            )
+        }
+        None => (
+            decode_graph(&model, dtype, &SamplerSettings::default(), capacity)?,
+            format!("decode step of {what}, cache {capacity}"),
+        ),
+    };
     crate::trace::write_dot(&graph, global)?;
     let s = stats::stats(&graph);
-    crate::trace::print_graph(&format!("decode step of {what}, cache {capacity}"), &s);
+    crate::trace::print_graph(&step, &s);
     // On CUDA, the kernels the step launches after fusion (known without a GPU; a build
     // without the cuda feature has no fusion to ask, so it reports none).
     let launches = (device == "cuda")

@@ -144,12 +144,69 @@ fn graph_only_on_cuda_counts_the_launches_after_fusion() {
 }
 
 #[test]
+fn graph_only_counts_the_batched_serve_step() {
+    let count = |batch: &str| {
+        let j = json(&[
+            "bench",
+            "--preset",
+            TINY,
+            "--graph-only",
+            "--device",
+            "cuda",
+            "--json",
+            "-p",
+            "20",
+            "-g",
+            "12",
+            "--batch",
+            batch,
+        ]);
+        (j["nodes_per_step"].as_u64().unwrap(), j["launches_per_step"].as_u64())
+    };
+    let (one, four) = (count("1"), count("4"));
+    // More rows never make the step smaller; the single-sequence step is not the paged one.
+    let single = json(&[
+        "bench",
+        "--preset",
+        TINY,
+        "--graph-only",
+        "--device",
+        "cuda",
+        "--json",
+        "-p",
+        "20",
+        "-g",
+        "12",
+    ]);
+    assert!(
+        four.0 >= one.0 && one.0 > 0,
+        "nodes: batch 4 {four:?} against batch 1 {one:?}"
+    );
+    assert_ne!(
+        single["nodes_per_step"].as_u64().unwrap(),
+        one.0,
+        "the paged step is its own graph"
+    );
+    if cfg!(feature = "cuda") {
+        assert!(
+            four.1.unwrap() >= one.1.unwrap() && one.1.unwrap() > 0,
+            "launches: {four:?} against {one:?}"
+        );
+    }
+}
+
+#[test]
 fn bad_bench_flags_are_one_clear_error() {
     fails_with(&["bench", "--preset", TINY, "-p", "0"], "-p/--prompt 0");
     fails_with(&["bench", "--preset", TINY, "-g", "0"], "-g/--gen 0");
     fails_with(&["bench", "--preset", TINY, "-r", "0"], "-r/--runs 0");
     fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
     fails_with(&["bench", "-m", "/no/such/model"], "does not exist");
+    fails_with(&["bench", "--preset", TINY, "--batch", "4"], "give --graph-only too");
+    fails_with(
+        &["bench", "--preset", TINY, "--graph-only", "--batch", "0"],
+        "--batch 0",
+    );
     assert_eq!(
         mlxcel(&["bench", "-p", "x"]).status.code(),
         Some(2),

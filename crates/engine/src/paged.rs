@@ -161,28 +161,70 @@ impl PagedEngine {
         if let Some(&id) = self.graphs.get(key) {
             return Ok(id);
         }
-        let (batch, t) = (key.batch, key.tokens);
-        let mut b = GraphBuilder::default();
-        let step = PagedStep {
-            tokens: b.input("tokens", DType::I32, &[batch, t]),
-            positions: b.input("positions", DType::I32, &[batch, t]),
-            kv_len: b.input("kv_len", DType::I32, &[batch]),
-            block_table: b.input("block_table", DType::I32, &[batch, key.table]),
-            write_slots: b.input("write_slots", DType::I32, &[key.segments.len()]),
+        let shape = StepShape {
+            batch: key.batch,
+            tokens: key.tokens,
+            table: key.table,
             segments: key.segments.clone(),
             pool_blocks: self.pool_blocks,
             block_size: self.block_size,
-            dtype: self.dtype,
         };
-        let logits = self.model.forward_paged(&mut b, &step)?;
-        let vocab = self.model.spec.vocab;
-        let logits = b.reshape(logits, &[batch, vocab])?;
-        let logits = b.astype(logits, DType::F32);
-        let argmax = b.reduce(ReduceOp::ArgMax, logits, -1, false)?;
-        let outputs = if key.logits { vec![argmax, logits] } else { vec![argmax] };
-        let graph = run_passes(&b.finish(&outputs), &default_passes())?;
+        let graph = step_graph(&self.model, self.dtype, &shape, key.logits)?;
         let id = self.session.load(&graph, CompileOptions::default())?;
         self.graphs.insert(key.clone(), id);
         Ok(id)
     }
+}
+
+/// The layout of one batched step over the paged pool.
+pub struct StepShape {
+    pub batch: usize,
+    pub tokens: usize,
+    /// Block-table width (blocks a row).
+    pub table: usize,
+    /// `(row, first token, length)` runs written contiguously (see [`PagedStep`]).
+    pub segments: Vec<(usize, usize, usize)>,
+    /// Pool blocks, the never-lent block 0 included.
+    pub pool_blocks: usize,
+    pub block_size: usize,
+}
+
+impl StepShape {
+    /// A decode step of `batch` rows (one token each), rows up to `context` positions.
+    pub fn decode(batch: usize, context: usize, block_size: usize) -> StepShape {
+        let table = context.div_ceil(block_size).max(1);
+        StepShape {
+            batch,
+            tokens: 1,
+            table,
+            segments: (0..batch).map(|r| (r, 0, 1)).collect(),
+            pool_blocks: batch * table + 1,
+            block_size,
+        }
+    }
+}
+
+/// The step graph the engine plans for `shape`: each row's last-position argmax (and its f32
+/// logits when `logits`), after the passes.
+pub fn step_graph(model: &Transformer, dtype: DType, shape: &StepShape, logits: bool) -> Result<mlxcel_core::Graph> {
+    let (batch, t) = (shape.batch, shape.tokens);
+    let mut b = GraphBuilder::default();
+    let step = PagedStep {
+        tokens: b.input("tokens", DType::I32, &[batch, t]),
+        positions: b.input("positions", DType::I32, &[batch, t]),
+        kv_len: b.input("kv_len", DType::I32, &[batch]),
+        block_table: b.input("block_table", DType::I32, &[batch, shape.table]),
+        write_slots: b.input("write_slots", DType::I32, &[shape.segments.len()]),
+        segments: shape.segments.clone(),
+        pool_blocks: shape.pool_blocks,
+        block_size: shape.block_size,
+        dtype,
+    };
+    let out = model.forward_paged(&mut b, &step)?;
+    let vocab = model.spec.vocab;
+    let out = b.reshape(out, &[batch, vocab])?;
+    let out = b.astype(out, DType::F32);
+    let argmax = b.reduce(ReduceOp::ArgMax, out, -1, false)?;
+    let outputs = if logits { vec![argmax, out] } else { vec![argmax] };
+    Ok(run_passes(&b.finish(&outputs), &default_passes())?)
 }
