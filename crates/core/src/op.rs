@@ -158,7 +158,8 @@ pub enum Op {
         softcap: Option<f32>,
     },
     /// Writes `new [B, H, T, D]` into the cache state `[B, H, S, D]` at position `pos`
-    /// (`i32 []` or `[B]`). Its value is the updated cache (same buffer).
+    /// (`i32 []` or `[B]`: token `t` at `pos + t`), or each token at its own slot (`pos [B, T]`:
+    /// a paged pool's scattered slots). Its value is the updated cache (same buffer).
     KvWrite,
     /// Embedding lookup: `table [V, D]`, `ids [..]` → `[.., D]`.
     Gather,

@@ -177,6 +177,23 @@ fn kv_write_casts_new_values_to_the_cache_dtype() {
 }
 
 #[test]
+fn kv_write_takes_a_slot_a_token_of_the_right_shape() {
+    let mut b = GraphBuilder::default();
+    let cache = b.state("pool", DType::F16, &[1, 1, 32, 8]);
+    let new = b.input("new", DType::F16, &[1, 1, 3, 8]);
+    let slots = b.input("slots", DType::I32, &[1, 3]);
+    b.kv_write(cache, new, slots).unwrap();
+    let mut b = GraphBuilder::default();
+    let cache = b.state("pool", DType::F16, &[1, 1, 32, 8]);
+    let new = b.input("new", DType::F16, &[1, 1, 3, 8]);
+    let wrong = b.input("slots", DType::I32, &[1, 4]);
+    let e = err(b.kv_write(cache, new, wrong));
+    assert!(e.contains("[1, 3], a slot a token"), "{e}");
+    let floats = b.input("fslots", DType::F32, &[1, 3]);
+    assert!(b.kv_write(cache, new, floats).is_err(), "slots must be integers");
+}
+
+#[test]
 fn weight_operands_are_widened_in_kernels_not_cast() {
     // f32 activations with bf16 weights and f16 norm: no AsType, f32 result.
     let mut b = GraphBuilder::default();

@@ -71,15 +71,18 @@ extern "C" __global__ void rope_kv_write(const void* x, int dt, const void* pos,
   }
 }
 
-// new [B, H, T, D] into cache [B, H, S, D] at pos (scalar or [B]); raw elements of `size` bytes.
+// new [B, H, T, D] into cache [B, H, S, D] at pos (scalar or [B]: token t at pos + t; or
+// [B, T]: a slot a token); raw elements of `size` bytes.
 extern "C" __global__ void kv_write(void* cache, const void* nw, int size, const void* pos, int pos_kind, int pos_len,
                                     i64 b, i64 h, i64 s, i64 t, i64 d, int* error, int tag) {
   const i64 n = b * h * t * d;
+  const bool per_token = pos_len == b * t && t > 1;
   for (i64 idx = gid(); idx < n; idx += gstride()) {
     i64 j = idx % d, ti = (idx / d) % t, hi = (idx / (d * t)) % h, bi = idx / (d * t * h);
-    i64 p = ld_index(pos, pos_kind, pos_len == 1 ? 0 : bi);
-    if (p < 0 || p + t > s) { atomicCAS(error, 0, tag); continue; }
-    i64 dst = ((bi * h + hi) * s + p + ti) * d + j;
+    const i64 base = per_token ? ld_index(pos, pos_kind, bi * t + ti) : ld_index(pos, pos_kind, pos_len == 1 ? 0 : bi);
+    if (base < 0 || base + (per_token ? 1 : t) > s) { atomicCAS(error, 0, tag); continue; }
+    const i64 p = per_token ? base : base + ti;
+    i64 dst = ((bi * h + hi) * s + p) * d + j;
     if (size == 4) ((unsigned*)cache)[dst] = ((const unsigned*)nw)[idx];
     else ((unsigned short*)cache)[dst] = ((const unsigned short*)nw)[idx];
   }

@@ -1,5 +1,5 @@
 //! Batched steps over the paged KV cache: one session, step graphs planned once per
-//! (batch bucket, tokens per row, table width, write layout, head) and replayed.
+//! (batch bucket, tokens per row, table width, head) and replayed.
 
 use std::collections::HashMap;
 
@@ -31,7 +31,6 @@ struct Key {
     batch: usize,
     tokens: usize,
     table: usize,
-    segments: Vec<(usize, usize, usize)>,
     logits: bool,
 }
 
@@ -95,7 +94,6 @@ impl PagedEngine {
         let need = rows.iter().map(|r| (r.start + t).div_ceil(bs)).max().unwrap_or(1);
         ensure!(need <= self.max_table, "a row exceeds the context");
         let table = need.next_power_of_two().min(self.max_table).max(need);
-        let mut segments = Vec::new();
         let mut slots = Vec::new();
         let mut tokens = vec![0i32; batch * t];
         let mut positions = vec![0i32; batch * t];
@@ -114,26 +112,16 @@ impl PagedEngine {
             for (j, &blk) in row.table.iter().take(table).enumerate() {
                 tables[r * table + j] = blk as i32;
             }
-            // Runs of positions within one block are contiguous in the pool.
-            let mut j = 0;
-            while j < t {
-                let pos = row.start + j;
-                let len = (bs - pos % bs).min(t - j);
-                segments.push((r, j, len));
+            for pos in row.start..row.start + t {
                 slots.push((row.table[pos / bs] as usize * bs + pos % bs) as i32);
-                j += len;
             }
         }
-        for r in rows.len()..batch {
-            // Padding rows write their one token into block 0 and attend to it alone.
-            segments.push((r, 0, 1));
-            slots.push(0);
-        }
+        // Padding rows write their one token into block 0 and attend to it alone.
+        slots.resize(batch * t, 0);
         let key = Key {
             batch,
             tokens: t,
             table,
-            segments,
             logits,
         };
         let id = self.graph(&key)?;
@@ -165,7 +153,6 @@ impl PagedEngine {
             batch: key.batch,
             tokens: key.tokens,
             table: key.table,
-            segments: key.segments.clone(),
             pool_blocks: self.pool_blocks,
             block_size: self.block_size,
         };
@@ -182,8 +169,6 @@ pub struct StepShape {
     pub tokens: usize,
     /// Block-table width (blocks a row).
     pub table: usize,
-    /// `(row, first token, length)` runs written contiguously (see [`PagedStep`]).
-    pub segments: Vec<(usize, usize, usize)>,
     /// Pool blocks, the never-lent block 0 included.
     pub pool_blocks: usize,
     pub block_size: usize,
@@ -197,7 +182,6 @@ impl StepShape {
             batch,
             tokens: 1,
             table,
-            segments: (0..batch).map(|r| (r, 0, 1)).collect(),
             pool_blocks: batch * table + 1,
             block_size,
         }
@@ -214,8 +198,7 @@ pub fn step_graph(model: &Transformer, dtype: DType, shape: &StepShape, logits: 
         positions: b.input("positions", DType::I32, &[batch, t]),
         kv_len: b.input("kv_len", DType::I32, &[batch]),
         block_table: b.input("block_table", DType::I32, &[batch, shape.table]),
-        write_slots: b.input("write_slots", DType::I32, &[shape.segments.len()]),
-        segments: shape.segments.clone(),
+        write_slots: b.input("write_slots", DType::I32, &[batch * t]),
         pool_blocks: shape.pool_blocks,
         block_size: shape.block_size,
         dtype,

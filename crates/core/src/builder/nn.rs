@@ -397,7 +397,19 @@ impl GraphBuilder {
         if sc.len() != 4 || sn.len() != 4 || sc[0] != sn[0] || sc[1] != sn[1] || sc[3] != sn[3] || sn[2] > sc[2] {
             return Err(shape_err(op, format!("new {sn:?} does not fit cache {sc:?}")));
         }
-        self.check_len(op, "pos", pos, sc[0])?;
+        if self.shape(pos).len() == 2 {
+            // One slot a token.
+            check_int(op, "pos", self.dtype(pos))?;
+            if self.shape(pos) != [sn[0], sn[2]] {
+                let s = self.shape(pos).to_vec();
+                return Err(shape_err(
+                    op,
+                    format!("pos {s:?} must be [{}, {}], a slot a token", sn[0], sn[2]),
+                ));
+            }
+        } else {
+            self.check_len(op, "pos", pos, sc[0])?;
+        }
         let dtype = self.dtype(cache);
         let new = self.cast(new, dtype, op);
         let write = self.push(Op::KvWrite, vec![cache, new, pos], sc, dtype, op);

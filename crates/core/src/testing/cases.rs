@@ -1072,6 +1072,21 @@ fn kv_write(cases: &mut Vec<OpCase>) -> Result<()> {
         let y = c.b.kv_write(cache, new, pos)?;
         cases.push(c.finish(&[y], BIT_EXACT));
     }
+    // A slot a token (pos [B, T]), as the paged pool writes: tokens in no order, one at the
+    // last slot, and two rows of a batch.
+    for &dt in &FLOATS {
+        for (b, h, t, cap, slots) in [
+            (1usize, 1usize, 5usize, 20usize, &[7.0f32, 0.0, 19.0, 3.0, 12.0][..]),
+            (2, 2, 3, 12, &[0.0, 5.0, 11.0, 9.0, 2.0, 4.0][..]),
+        ] {
+            let mut c = Case::new(format!("kv_write/{dt}/b{b}/t{t}/slot_per_token"));
+            let cache = c.state("cache", dt, &[b, h, cap, 16])?;
+            let new = c.input("new", dt, &[b, h, t, 16], 1.0)?;
+            let pos = c.input_values("pos", I32, &[b, t], slots)?;
+            let y = c.b.kv_write(cache, new, pos)?;
+            cases.push(c.finish(&[y], BIT_EXACT));
+        }
+    }
     // Rotated keys written into the cache (one kernel on CUDA): decode (T = 1) and a chunk.
     for &dt in &FLOATS {
         for (t, at) in [(1usize, 7.0f32), (3, 4.0)] {

@@ -620,19 +620,24 @@ fn attention(qkv: [&Value; 3], kv_len: &Value, scale: f64, mask: Mask, softcap: 
 fn kv_write(cache: &Value, new: &Value, pos: &Value) -> Result<Vec<f64>> {
     let (b, h, cap, d) = (cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]);
     let t = new.shape[2];
+    let per_token = pos.shape.len() == 2;
     let mut out = cache.data.clone();
     for bi in 0..b {
-        let p = per_batch(pos, bi);
-        if !(p >= 0.0 && p + t as f64 <= cap as f64) {
-            return Err(Error::Runtime(format!(
-                "kv_write: {t} entries at position {p} overflow a cache of {cap}"
-            )));
-        }
-        let p = p as usize;
-        for hi in 0..h {
-            for ti in 0..t {
+        for ti in 0..t {
+            // Token ti's slot: its own, or the row's position plus ti.
+            let p = if per_token {
+                pos.data[bi * t + ti]
+            } else {
+                per_batch(pos, bi) + ti as f64
+            };
+            if !(p >= 0.0 && p < cap as f64) {
+                return Err(Error::Runtime(format!(
+                    "kv_write: entry {ti} at position {p} overflows a cache of {cap}"
+                )));
+            }
+            for hi in 0..h {
                 let src = ((bi * h + hi) * t + ti) * d;
-                let dst = ((bi * h + hi) * cap + p + ti) * d;
+                let dst = ((bi * h + hi) * cap + p as usize) * d;
                 out[dst..dst + d].copy_from_slice(&new.data[src..src + d]);
             }
         }

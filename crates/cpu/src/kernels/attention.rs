@@ -113,6 +113,25 @@ pub fn kv_write(cache: &mut [u8], sc: &[usize], new: &[u8], sn: &[usize], pos: I
     let (b, h, s, d) = (sc[0], sc[1], sc[2], sc[3]);
     let t = sn[2];
     let row = d * size;
+    if pos.len() == b * t && t > 1 {
+        // A slot a token (pos [B, T]).
+        for bi in 0..b {
+            for ti in 0..t {
+                let p = pos.get_index(bi * t + ti)?;
+                if p < 0 || p as usize >= s {
+                    return Err(Error::Runtime(format!(
+                        "KV cache overflow: writing a token at position {p} into a cache of {s}"
+                    )));
+                }
+                for hi in 0..h {
+                    let src = ((bi * h + hi) * t + ti) * row;
+                    let dst = ((bi * h + hi) * s + p as usize) * row;
+                    cache[dst..dst + row].copy_from_slice(&new[src..src + row]);
+                }
+            }
+        }
+        return Ok(());
+    }
     for bi in 0..b {
         let p = pos.get_index(if pos.len() == 1 { 0 } else { bi })?;
         if p < 0 || p as usize + t > s {

@@ -144,7 +144,8 @@ impl Fusion {
                         f.anchored[i] = Some(Fused::AddRmsNorm { add });
                     }
                 }
-                Op::KvWrite if rope_fusion => {
+                // Not for a slot a token (pos [B, T]): the fused kernels write runs.
+                Op::KvWrite if rope_fusion && graph.node(node.inputs[2]).shape.len() <= 1 => {
                     let rope = node.inputs[1].index();
                     let r = &graph.nodes[rope];
                     let ok = matches!(r.op, Op::Rope { .. })

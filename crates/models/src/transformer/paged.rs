@@ -2,8 +2,8 @@
 //!
 //! Each layer's keys (and values) live in one pool state `layers.{i}.{k,v}_pool` of shape
 //! `[1, 1, blocks · block_size, Hkv · hd]`: token-major, so a pool slot `block · block_size +
-//! offset` holds one position of one sequence. Writes are `kv_write`s of contiguous runs
-//! ("segments") at host-computed slots; reads gather each row's blocks through its block table
+//! offset` holds one position of one sequence. Writes are one `kv_write` a pool and layer, each
+//! token at its host-computed slot; reads gather each row's blocks through its block table
 //! into a dense `[B, Hkv, M · block_size, hd]` view for `attention`, which reads only the first
 //! `kv_len` positions of each row. Only existing ops are used, so every backend runs it; one
 //! row's arithmetic never depends on the other rows.
@@ -23,11 +23,8 @@ pub struct PagedStep {
     pub kv_len: NodeId,
     /// `i32 [B, M]`: each row's pool blocks in position order (padding: block 0).
     pub block_table: NodeId,
-    /// `i32 [W]`: the pool slot where each segment's first token goes.
+    /// `i32 [B · T]`: the pool slot of each token, row by row.
     pub write_slots: NodeId,
-    /// `(row, first token, length)` of each run of tokens written contiguously, in
-    /// `write_slots` order; together they cover every `(row, token)` once.
-    pub segments: Vec<(usize, usize, usize)>,
     /// Blocks in the device pool, the never-lent block 0 included.
     pub pool_blocks: usize,
     pub block_size: usize,
@@ -40,10 +37,11 @@ impl Transformer {
     /// the pool states.
     pub fn forward_paged(&self, b: &mut GraphBuilder, s: &PagedStep) -> Result<NodeId> {
         let t = b.shape(s.tokens)[1];
-        let covered: usize = s.segments.iter().map(|seg| seg.2).sum();
+        let tokens: usize = b.shape(s.tokens).iter().product();
         ensure!(
-            covered == b.shape(s.tokens).iter().product::<usize>(),
-            "paged step: segments cover {covered} tokens"
+            b.shape(s.write_slots) == [tokens],
+            "paged step: {:?} write slots for {tokens} tokens",
+            b.shape(s.write_slots)
         );
         self.decode(b, s.tokens, s.dtype, Some(t), |b, i, attn, h| {
             attn.forward_paged(b, &self.spec, i, h, s)
@@ -66,16 +64,12 @@ impl Attention {
         let [q, k, v] = self.qkv(b, spec, i, x, s.positions)?;
         let pool = [1, 1, s.pool_blocks * s.block_size, hkv * hd];
         let read = |b: &mut GraphBuilder, kind: &str, new: NodeId| -> Result<NodeId> {
-            // [B, Hkv, T, hd] → [B, 1, T, Hkv·hd]: one pool row per token.
+            // [B, Hkv, T, hd] → [1, 1, B·T, Hkv·hd]: one pool row per token, each at its slot.
             let new = b.swap_axes(new, 1, 2)?;
-            let new = b.reshape(new, &[batch, 1, t, hkv * hd])?;
-            let mut cache = b.state(&format!("layers.{i}.{kind}_pool"), s.dtype, &pool);
-            for (w, &(row, start, len)) in s.segments.iter().enumerate() {
-                let part = b.slice_axis(new, 0, row, row + 1)?;
-                let part = b.slice_axis(part, 2, start, start + len)?;
-                let slot = b.slice_axis(s.write_slots, 0, w, w + 1)?;
-                cache = b.kv_write(cache, part, slot)?;
-            }
+            let new = b.reshape(new, &[1, 1, batch * t, hkv * hd])?;
+            let cache = b.state(&format!("layers.{i}.{kind}_pool"), s.dtype, &pool);
+            let slots = b.reshape(s.write_slots, &[1, batch * t])?;
+            let cache = b.kv_write(cache, new, slots)?;
             // [blocks, bs·Hkv·hd] gathered by [B, M] → [B, M·bs, Hkv, hd] → [B, Hkv, M·bs, hd]
             let blocks = b.reshape(cache, &[s.pool_blocks, s.block_size * hkv * hd])?;
             let rows = b.gather(blocks, s.block_table)?;
