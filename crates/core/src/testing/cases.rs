@@ -1078,6 +1078,8 @@ fn kv_write(cases: &mut Vec<OpCase>) -> Result<()> {
         for (b, h, t, cap, slots) in [
             (1usize, 1usize, 5usize, 20usize, &[7.0f32, 0.0, 19.0, 3.0, 12.0][..]),
             (2, 2, 3, 12, &[0.0, 5.0, 11.0, 9.0, 2.0, 4.0][..]),
+            // pos [B, 1]: one token a row, where the per-token and per-row forms agree.
+            (2, 1, 1, 6, &[5.0, 2.0][..]),
         ] {
             let mut c = Case::new(format!("kv_write/{dt}/b{b}/t{t}/slot_per_token"));
             let cache = c.state("cache", dt, &[b, h, cap, 16])?;

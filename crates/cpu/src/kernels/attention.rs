@@ -113,6 +113,9 @@ pub fn kv_write(cache: &mut [u8], sc: &[usize], new: &[u8], sn: &[usize], pos: I
     let (b, h, s, d) = (sc[0], sc[1], sc[2], sc[3]);
     let t = sn[2];
     let row = d * size;
+    if t == 0 {
+        return Ok(()); // nothing to write (pos may be [B, 0])
+    }
     if pos.len() == b * t && t > 1 {
         // A slot a token (pos [B, T]).
         for bi in 0..b {

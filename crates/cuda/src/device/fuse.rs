@@ -754,6 +754,22 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_write_of_a_slot_a_token_keeps_its_rope_apart() {
+        // The fused kernels write runs (pos + t); a slot a token (pos [B, T]) is not one.
+        let mut b = GraphBuilder::default();
+        let k = b.input("k", DType::F16, &[1, 2, 3, 8]);
+        let pos = b.input("pos", DType::I32, &[3]);
+        let slots = b.input("slots", DType::I32, &[1, 3]);
+        let freqs = b.parameter("freqs", HostTensor::from_f32(DType::F32, &[4], &[1.0; 4]).unwrap());
+        let cache = b.state("cache", DType::F16, &[1, 2, 8, 8]);
+        let r = b.rope(k, pos, freqs, 8, false, 1.0).unwrap();
+        let w = b.kv_write(cache, r, slots).unwrap();
+        let graph = b.finish(&[w]);
+        let f = Fusion::find(&graph);
+        assert!(f.anchored[w.index()].is_none() && !f.absorbed[r.index()]);
+    }
+
     /// Rope of q and k (each with its own, equal frequency table, as models build them), the
     /// cache writes of k and v, attention; `q_read_early` also reads the rotated queries before
     /// the cache writes.
