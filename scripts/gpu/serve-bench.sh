@@ -8,4 +8,4 @@ export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLXCEL_CACHE_DIR=/tmp/mlxcel-
 pid=$!
 for i in $(seq 60); do curl -s http://127.0.0.1:8093/health > /dev/null && break; sleep 1; done
 timeout ${SERVE_S:-200} python3 scripts/bench_serve.py --url http://127.0.0.1:8093 --concurrency ${CONC:-1,8,32,64} --prompt 256 --max-tokens 256 > $OUT/serve-bench.md 2>&1
-kill $pid; cat $OUT/serve-bench.md | tail -15; tail -3 $OUT/serve.txt
+kill $pid; wait $pid 2>/dev/null; cat $OUT/serve-bench.md | tail -15; tail -3 $OUT/serve.txt

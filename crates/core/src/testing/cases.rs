@@ -709,6 +709,17 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], accumulation(256)));
         }
     }
+    // Batched decode steps: a few rows to a full tile of 64 (CUDA's small-batch path, when on),
+    // 80 outputs (a partial tile).
+    for &dt in &[F16, BF16] {
+        for rows in [3usize, 64] {
+            let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g64/batch/{rows}x256/n80"));
+            let x = c.input("x", dt, &[rows, 256], 1.0)?;
+            let [w, s, b] = c.quantized("proj", &[80], 256, (4, 64), dt)?;
+            let y = c.b.quantized_matmul(x, w, s, b, 4, 64)?;
+            cases.push(c.finish(&[y], accumulation(256)));
+        }
+    }
     // Decode-shaped products: one row of x, k a multiple of 128 (what CUDA's tensor-core GEMV
     // takes; 384 and Gemma 3 1B's 1152 end in a half chunk), n not always a multiple of its
     // 16-row tiles.

@@ -305,6 +305,32 @@ pub fn node(
     let input = |k: usize| graph.node(node.inputs[k]);
     let n = node.shape.iter().product::<usize>();
     let ni = n as i64;
+    if let Some(name) = small_batch_kernel(graph, i) {
+        // A few rows (a batched decode step): grouped.cu's kernel as one dense product.
+        let (x, w) = (input(0), input(1));
+        let (k, nn) = (*x.shape.last().unwrap(), w.shape[0]);
+        let Op::QuantizedMatMul { group_size, .. } = node.op else {
+            unreachable!()
+        };
+        let args = [
+            Ptr(ptr(0)),
+            I64(1),
+            Ptr(ptr(1)),
+            Ptr(ptr(2)),
+            Ptr(ptr(3)),
+            I32(fcode(input(2).dtype)?),
+            Ptr(0),
+            Ptr(0),
+            Ptr(out),
+            I32(fcode(node.dtype)?),
+            I64(1),
+            I64(nn as i64),
+            I64(k as i64),
+            I32(group_size as i32),
+            I64((x.shape.iter().product::<usize>() / k) as i64),
+        ];
+        return gpu.launch_grid(name, (nn.div_ceil(64) as u32, 1), 128, 0, &args);
+    }
     if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)?
     {
         return Ok(());
@@ -615,6 +641,7 @@ pub fn node(
                     I64(nn as i64),
                     I64(k as i64),
                     I32(*group_size as i32),
+                    I64(0),
                 ];
                 return gpu.launch_grid(name, (nn.div_ceil(64) as u32, experts as u32), 128, 0, &grouped);
             }
@@ -1495,6 +1522,33 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let fits = pairs > GATHER_GEMV_PAIRS
         && pairs < i32::MAX as usize
         && w.shape[0] <= 1024
+        && k.is_multiple_of(64)
+        && group_size.is_multiple_of(8)
+        && k.is_multiple_of(group_size);
+    match x.dtype {
+        DType::F16 if fits => Some("grouped_qmm_f16"),
+        DType::BF16 if fits => Some("grouped_qmm_bf16"),
+        _ => None,
+    }
+}
+
+/// `MLXCEL_SMALL_BATCH_TC=1`: a 4-bit product of 2 to 64 rows of f16/bf16 x (a batched decode
+/// step) on grouped.cu's tensor-core kernel, instead of the 8-row CUDA-core GEMV or cuBLAS after
+/// expanding the weight. Off by default: not yet measured.
+fn small_batch_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+    use mlxcel_core::DType;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("MLXCEL_SMALL_BATCH_TC").is_ok_and(|v| v == "1")) {
+        return None;
+    }
+    let node = &graph.nodes[i];
+    let Op::QuantizedMatMul { bits: 4, group_size } = node.op else {
+        return None;
+    };
+    let x = graph.node(node.inputs[0]);
+    let k = *x.shape.last()?;
+    let rows = x.shape.iter().product::<usize>() / k.max(1);
+    let fits = (2..=64).contains(&rows)
         && k.is_multiple_of(64)
         && group_size.is_multiple_of(8)
         && k.is_multiple_of(group_size);
