@@ -130,9 +130,9 @@ pub struct BenchArgs {
     /// with --device cuda this needs no GPU (the graph is the one CUDA would run).
     #[arg(long)]
     pub graph_only: bool,
-    /// With --graph-only: the batched decode step `serve` runs for this many rows (over the
-    /// paged KV cache, 16-position blocks, rows of -p + -g positions) instead of the
-    /// single-sequence step.
+    /// The batched decode step `serve` runs, for this many rows (the paged KV cache, 16-position
+    /// blocks): timed over -g steps from position -p (as if prefilled), or counted with
+    /// --graph-only; instead of the single-sequence step.
     #[arg(long)]
     pub batch: Option<usize>,
     /// With --preset: norm weights stored as float32 instead of bfloat16.

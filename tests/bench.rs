@@ -196,13 +196,24 @@ fn graph_only_counts_the_batched_serve_step() {
 }
 
 #[test]
+fn batch_times_the_batched_step() {
+    let j = json(&[
+        "bench", "--preset", TINY, "--batch", "3", "-p", "5", "-g", "4", "-r", "1", "--json",
+    ]);
+    assert_eq!(j["batch"].as_u64(), Some(3), "{j}");
+    let agg = j["aggregate_tps_mean"].as_f64().unwrap();
+    assert!(agg > 0.0 && agg.is_finite(), "{j}");
+    let per_row = j["row_tps_mean"].as_f64().unwrap();
+    assert!((per_row * 3.0 - agg).abs() < 1e-6 * agg, "{j}");
+}
+
+#[test]
 fn bad_bench_flags_are_one_clear_error() {
     fails_with(&["bench", "--preset", TINY, "-p", "0"], "-p/--prompt 0");
     fails_with(&["bench", "--preset", TINY, "-g", "0"], "-g/--gen 0");
     fails_with(&["bench", "--preset", TINY, "-r", "0"], "-r/--runs 0");
     fails_with(&["bench", "--preset", "gpt-9"], "unknown preset \"gpt-9\"");
     fails_with(&["bench", "-m", "/no/such/model"], "does not exist");
-    fails_with(&["bench", "--preset", TINY, "--batch", "4"], "give --graph-only too");
     fails_with(
         &["bench", "--preset", TINY, "--graph-only", "--batch", "0"],
         "--batch 0",

@@ -14,6 +14,11 @@ gpu_checks
 grep -E "slot_per_token" /tmp/tests.txt | head -5
 MLXCEL_SMALL_BATCH_TC=1 MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test op_cases --test-threads 1 > /tmp/tests-sb.txt 2>&1
 echo "op cases with the small-batch path rc=$?"; grep -E "test result|differ|panicked|FAIL|mismatch" /tmp/tests-sb.txt | head
+# The batched step alone (bench --batch: serve's paged step, timed), small-batch path off and on.
+for sb in 0 1; do for n in 1 8 64; do
+  MLXCEL_SMALL_BATCH_TC=$sb timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
+  echo "batch $n small-batch=$sb $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
+done; done
 echo "== serve"; SERVE_S=150 timeout 230 bash scripts/gpu/serve-bench.sh
 echo "== serve, small-batch path"; MLXCEL_SMALL_BATCH_TC=1 SERVE_S=150 timeout 230 bash scripts/gpu/serve-bench.sh
 sweep
