@@ -14,7 +14,7 @@ use mlxcel_models::synth::SynthOptions;
 use mlxcel_models::{DTypePlan, DTypePolicy, Transformer};
 use serde_json::json;
 
-use crate::cli::{BenchArgs, Device, Global};
+use crate::cli::{BenchArgs, Device, Global, DEFAULT_BLOCK_SIZE};
 use crate::traffic::decode_traffic;
 
 /// Mean and sample standard deviation (0 for one value).
@@ -291,11 +291,10 @@ fn batched(
     rows: usize,
 ) -> Result<()> {
     use mlxcel_engine::paged::{PagedEngine, Row};
-    const BLOCK: usize = 16;
     let context = a.prompt + a.gen;
-    let table = context.div_ceil(BLOCK);
+    let table = context.div_ceil(DEFAULT_BLOCK_SIZE);
     let dtype = plan.activation_dtype(&model);
-    let mut engine = PagedEngine::new(model, backend, dtype, rows * table, BLOCK, context)?;
+    let mut engine = PagedEngine::new(model, backend, dtype, rows * table, DEFAULT_BLOCK_SIZE, context)?;
     let tables: Vec<Vec<u32>> = (0..rows)
         .map(|r| (0..table).map(|j| (1 + r * table + j) as u32).collect())
         .collect();
@@ -378,7 +377,7 @@ fn graph_only(
     let capacity = context.max(1); // what bench's engine allocates (its context is the run)
     let (graph, step) = match a.batch {
         Some(rows) => {
-            let shape = mlxcel_engine::paged::StepShape::decode(rows, capacity, 16);
+            let shape = mlxcel_engine::paged::StepShape::decode(rows, capacity, DEFAULT_BLOCK_SIZE);
             let graph = mlxcel_engine::paged::step_graph(&model, dtype.activations, &shape, false)?;
             (
                 graph,

@@ -4,6 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `serve`'s positions per KV block by default (also what `bench --batch` pages with).
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
 #[derive(Parser)]
 #[command(
     name = "mlxcel",
@@ -87,7 +90,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
     /// Positions per KV block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Largest request body.
     #[arg(long, default_value_t = 4 << 20)]

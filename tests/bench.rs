@@ -145,27 +145,7 @@ fn graph_only_on_cuda_counts_the_launches_after_fusion() {
 
 #[test]
 fn graph_only_counts_the_batched_serve_step() {
-    let count = |batch: &str| {
-        let j = json(&[
-            "bench",
-            "--preset",
-            TINY,
-            "--graph-only",
-            "--device",
-            "cuda",
-            "--json",
-            "-p",
-            "20",
-            "-g",
-            "12",
-            "--batch",
-            batch,
-        ]);
-        (j["nodes_per_step"].as_u64().unwrap(), j["launches_per_step"].as_u64())
-    };
-    let (one, four) = (count("1"), count("4"));
-    // More rows never make the step smaller; the single-sequence step is not the paged one.
-    let single = json(&[
+    let base = [
         "bench",
         "--preset",
         TINY,
@@ -177,7 +157,14 @@ fn graph_only_counts_the_batched_serve_step() {
         "20",
         "-g",
         "12",
-    ]);
+    ];
+    let count = |batch: &str| {
+        let j = json(&[&base[..], &["--batch", batch]].concat());
+        (j["nodes_per_step"].as_u64().unwrap(), j["launches_per_step"].as_u64())
+    };
+    let (one, four) = (count("1"), count("4"));
+    // More rows never make the step smaller; the single-sequence step is not the paged one.
+    let single = json(&base);
     assert!(
         four.0 >= one.0 && one.0 > 0,
         "nodes: batch 4 {four:?} against batch 1 {one:?}"

@@ -26,3 +26,18 @@ sweep() {
     --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
   cat /tmp/sweep.md; tail -2 /tmp/bench.err
 }
+
+# ncu_gemv KERNEL...: Nsight Compute on each kernel's third launch in gpu-test gemv_throughput
+# (what bounds it), into $OUT/ncu-KERNEL.txt, with the key lines printed.
+ncu_gemv() {
+  local ncu k
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  for k in "$@"; do
+    timeout 90 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats \
+      .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-$k.txt 2>&1
+    echo "== ncu $k rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Block Size|Grid Size|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|ERR|shape" $OUT/ncu-$k.txt | head -30
+  done
+}

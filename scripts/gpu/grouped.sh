@@ -13,14 +13,6 @@ MLXCEL_CUDA_PROFILE=1 timeout 90 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4b
 echo "== profile rc=$?"; grep -A14 "graph 0" $OUT/profile-moe.txt
 echo "== serve"; SERVE_S=150 timeout 230 bash scripts/gpu/serve-bench.sh
 sweep
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-for k in tc_qgemv_f16_4; do
-  timeout 90 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section SchedulerStats \
-    .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-$k.txt 2>&1
-  echo "== ncu $k rc=$?"
-  grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Block Size|Grid Size|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|ERR" $OUT/ncu-$k.txt | head -30
-done
+ncu_gemv tc_qgemv_f16_4
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt

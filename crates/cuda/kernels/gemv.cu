@@ -666,15 +666,16 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   __syncthreads();  // the block's next tile reuses wpart
 }
 
-// Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
-// 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
-// x given or computed from a NormIn.
 // Register bounds: at 64 registers a thread two 512-thread (four 256-thread) blocks fit an SM,
 // at 66 (what ptxas takes unbounded since the half chunk) one (three). Bounded, llama-3.1-8b
 // decodes 270 tok/s against 248 (the down projection 44.7 µs against 59.3); the launch picks
 // the unbounded _r0 variant for small blocks. The GLU (106-120 registers) measured slower
 // capped at 96/80/64 registers (which spill): 263/258/256 tok/s against 270.
 #define TC_GEMV_CAP __launch_bounds__(512, 2)
+
+// Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
+// 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
+// x given or computed from a NormIn.
 #define TC_QGEMV3(XN, X, SUF, CAP)                                                                                    \
   extern "C" __global__ void CAP tc_qgemv3_##XN##_4##SUF(                                                             \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \

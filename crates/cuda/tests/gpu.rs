@@ -11,6 +11,22 @@ fn required(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v == "1")
 }
 
+/// `graph` after the default passes (what a session plans).
+fn passed(graph: &mlxcel_core::Graph) -> mlxcel_core::Graph {
+    mlxcel_core::passes::run_passes(graph, &mlxcel_core::passes::default_passes()).unwrap()
+}
+
+/// `graph` after the default passes, which CUDA must run as one kernel launch (`what` says which).
+fn one_launch(graph: &mlxcel_core::Graph, what: &str) -> mlxcel_core::Graph {
+    let graph = passed(graph);
+    assert_eq!(
+        CudaBackend::launches_per_run(&graph).unwrap(),
+        1,
+        "{what} in one launch"
+    );
+    graph
+}
+
 #[test]
 fn every_kernel_compiles_to_ptx_for_hopper() {
     match CudaBackend::kernel_ptx("sm_90") {
@@ -216,7 +232,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
                 let out_dtype = graph.node(graph.outputs[0]).dtype;
                 cases.push(OpCase {
                     name: format!("fused glu {act} w{wdt} bits {bits} rows {rows}"),
-                    graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+                    graph: passed(&graph),
                     inputs: vec![
                         HostTensor::from_f32(act, &[1, rows, k], &noise(3, rows * k)).unwrap(),
                         HostTensor::from_f32(act, &[1, rows, k], &noise(4, rows * k)).unwrap(),
@@ -248,7 +264,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let out_dtype = graph.node(graph.outputs[0]).dtype;
         cases.push(OpCase {
             name: format!("fused gelu glu {act} w{wdt} bits {bits} k {k}"),
-            graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+            graph: passed(&graph),
             inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(7, k)).unwrap()],
             states: vec![],
             tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0)],
@@ -273,7 +289,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             let graph = b.finish(&outs);
             cases.push(OpCase {
                 name: format!("fused q/k/v products {act} early read {early}"),
-                graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+                graph: passed(&graph),
                 inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(5, k)).unwrap()],
                 states: vec![],
                 tolerance: vec![Tolerance::for_dtype(act).scaled(4.0); 3],
@@ -299,12 +315,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             .map(|(seed, n)| projection(&mut b, x, seed, (n, k), (4, 64), act))
             .collect();
         outs.push(sum);
-        let graph = mlxcel_core::passes::run_passes(&b.finish(&outs), &mlxcel_core::passes::default_passes()).unwrap();
-        assert_eq!(
-            CudaBackend::launches_per_run(&graph).unwrap(),
-            1,
-            "add, norm and products in one launch"
-        );
+        let graph = one_launch(&b.finish(&outs), "add, norm and products");
         cases.push(OpCase {
             name: format!("fused add+norm+q/k/v products {act} norm w{nwdt} unit offset {unit}"),
             graph,
@@ -339,12 +350,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let g = b.silu(g).unwrap();
         let u = experts(&mut b, 42);
         let y = b.mul(g, u).unwrap();
-        let graph = mlxcel_core::passes::run_passes(&b.finish(&[y]), &mlxcel_core::passes::default_passes()).unwrap();
-        assert_eq!(
-            CudaBackend::launches_per_run(&graph).unwrap(),
-            1,
-            "the routed GLU in one launch"
-        );
+        let graph = one_launch(&b.finish(&[y]), "the routed GLU");
         cases.push(OpCase {
             name: format!("fused routed glu {act}"),
             graph,
@@ -367,13 +373,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let w = b.take_along_axis(probs, ids, -1).unwrap();
         let total = b.sum(w, -1, true).unwrap();
         let w = b.div(w, total).unwrap();
-        let graph =
-            mlxcel_core::passes::run_passes(&b.finish(&[ids, w]), &mlxcel_core::passes::default_passes()).unwrap();
-        assert_eq!(
-            CudaBackend::launches_per_run(&graph).unwrap(),
-            1,
-            "the router in one launch"
-        );
+        let graph = one_launch(&b.finish(&[ids, w]), "the router");
         let values: Vec<f32> = (0..2 * e).map(|i| ((i * 7 % 5) as f32) * 0.5).collect();
         cases.push(OpCase {
             name: format!("fused moe router {act}"),
@@ -393,12 +393,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let w1 = b.reshape(w, &[rows, 1, k, 1]).unwrap();
         let p = b.mul(y, w1).unwrap();
         let s = b.sum(p, -2, false).unwrap();
-        let graph = mlxcel_core::passes::run_passes(&b.finish(&[s]), &mlxcel_core::passes::default_passes()).unwrap();
-        assert_eq!(
-            CudaBackend::launches_per_run(&graph).unwrap(),
-            1,
-            "the combine in one launch"
-        );
+        let graph = one_launch(&b.finish(&[s]), "the combine");
         cases.push(OpCase {
             name: format!("fused moe combine {act} rows{rows}"),
             graph,
@@ -427,7 +422,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let out_dtype = graph.node(graph.outputs[0]).dtype;
         cases.push(OpCase {
             name: format!("fused dense q/k/v products {act} w{wdt}"),
-            graph: mlxcel_core::passes::run_passes(&graph, &mlxcel_core::passes::default_passes()).unwrap(),
+            graph: passed(&graph),
             inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(6, k)).unwrap()],
             states: vec![],
             tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0); 3],

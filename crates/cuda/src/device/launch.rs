@@ -216,6 +216,16 @@ pub(crate) fn tc_gemv_kernel(
     })
 }
 
+/// A switch read once into `cell`: `var=0` turns off a path that is on by default, `var=1` turns
+/// on one that is off by default.
+pub(crate) fn switch(cell: &'static std::sync::OnceLock<bool>, var: &str, on_by_default: bool) -> bool {
+    *cell.get_or_init(|| match std::env::var(var) {
+        Ok(v) if on_by_default => v != "0",
+        Ok(v) => v == "1",
+        Err(_) => on_by_default,
+    })
+}
+
 /// The tuning variable `var` as a number, if set and one.
 fn env_usize(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
@@ -1488,7 +1498,7 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
 /// its per-lane registers for 8 heads). `MLXCEL_ATT_GQA=0` keeps the per-head kernel.
 fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLXCEL_ATT_GQA").map_or(true, |v| v != "0")) {
+    if !switch(&ON, "MLXCEL_ATT_GQA", true) {
         return None;
     }
     let node = &graph.nodes[i];
@@ -1507,9 +1517,8 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
 /// than the decode kernels take, 4-bit weights, f16/bf16 x, k a multiple of 64, at most 1024
 /// experts (`MLXCEL_MOE_GROUPED=0`: gather_qmm, a weight read a pair, for comparison).
 fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
-    use mlxcel_core::DType;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLXCEL_MOE_GROUPED").map_or(true, |v| v != "0")) {
+    if !switch(&ON, "MLXCEL_MOE_GROUPED", true) {
         return None;
     }
     let node = &graph.nodes[i];
@@ -1519,13 +1528,16 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
     let pairs: usize = graph.node(node.inputs[4]).shape.iter().product();
     let k = *x.shape.last()?;
-    let fits = pairs > GATHER_GEMV_PAIRS
-        && pairs < i32::MAX as usize
-        && w.shape[0] <= 1024
-        && k.is_multiple_of(64)
-        && group_size.is_multiple_of(8)
-        && k.is_multiple_of(group_size);
-    match x.dtype {
+    let fits = pairs > GATHER_GEMV_PAIRS && pairs < i32::MAX as usize && w.shape[0] <= 1024;
+    fits.then(|| grouped_qmm_name(x.dtype, k, group_size)).flatten()
+}
+
+/// grouped.cu's kernel for x of `dtype` (f16/bf16), k a multiple of 64, groups of a multiple of 8
+/// that divide k.
+fn grouped_qmm_name(dtype: mlxcel_core::DType, k: usize, group_size: usize) -> Option<&'static str> {
+    use mlxcel_core::DType;
+    let fits = k.is_multiple_of(64) && group_size.is_multiple_of(8) && k.is_multiple_of(group_size);
+    match dtype {
         DType::F16 if fits => Some("grouped_qmm_f16"),
         DType::BF16 if fits => Some("grouped_qmm_bf16"),
         _ => None,
@@ -1536,9 +1548,8 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
 /// step) on grouped.cu's tensor-core kernel, instead of the 8-row CUDA-core GEMV or cuBLAS after
 /// expanding the weight. Off by default: not yet measured.
 fn small_batch_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
-    use mlxcel_core::DType;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLXCEL_SMALL_BATCH_TC").is_ok_and(|v| v == "1")) {
+    if !switch(&ON, "MLXCEL_SMALL_BATCH_TC", false) {
         return None;
     }
     let node = &graph.nodes[i];
@@ -1548,15 +1559,10 @@ fn small_batch_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let x = graph.node(node.inputs[0]);
     let k = *x.shape.last()?;
     let rows = x.shape.iter().product::<usize>() / k.max(1);
-    let fits = (2..=64).contains(&rows)
-        && k.is_multiple_of(64)
-        && group_size.is_multiple_of(8)
-        && k.is_multiple_of(group_size);
-    match x.dtype {
-        DType::F16 if fits => Some("grouped_qmm_f16"),
-        DType::BF16 if fits => Some("grouped_qmm_bf16"),
-        _ => None,
-    }
+    (2..=64)
+        .contains(&rows)
+        .then(|| grouped_qmm_name(x.dtype, k, group_size))
+        .flatten()
 }
 
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
@@ -1565,7 +1571,7 @@ fn small_batch_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
 fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     use mlxcel_core::DType;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("MLXCEL_ATT_FLASH").map_or(true, |v| v != "0")) {
+    if !switch(&ON, "MLXCEL_ATT_FLASH", true) {
         return None;
     }
     let node = &graph.nodes[i];

@@ -648,7 +648,7 @@ impl Gpu {
     /// only as many blocks as the device holds at once (`MLXCEL_TC_PERSIST=0`: a block a tile).
     fn launch_gemv(&self, l: &launch::GemvLaunch, args: &[Arg]) -> Result<()> {
         static PERSIST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let persist = *PERSIST.get_or_init(|| std::env::var("MLXCEL_TC_PERSIST").map_or(true, |v| v != "0"));
+        let persist = launch::switch(&PERSIST, "MLXCEL_TC_PERSIST", true);
         let mut grid = l.grid;
         if persist && (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) {
             let f = self.func(l.name)?;
