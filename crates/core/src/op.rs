@@ -157,6 +157,17 @@ pub enum Op {
         window: Option<usize>,
         softcap: Option<f32>,
     },
+    /// [`Op::Attention`] over a paged pool: keys `k [P, Hkv, D]` and values `v [P, Hkv, Dv]`,
+    /// one pool slot a row, and `table` (`i32 [B, M]`): row `b`'s position `j` lives at slot
+    /// `table[b, j / block_size] · block_size + j % block_size`. Inputs `[q, k, v, kv_len,
+    /// table]`; `kv_len` (`[]` or `[B]`) at most `M · block_size`.
+    PagedAttention {
+        scale: f32,
+        causal: bool,
+        window: Option<usize>,
+        softcap: Option<f32>,
+        block_size: usize,
+    },
     /// Writes `new [B, H, T, D]` into the cache state `[B, H, S, D]` at position `pos`
     /// (`i32 []` or `[B]`: token `t` at `pos + t`), or each token at its own slot (`pos [B, T]`:
     /// a paged pool's scattered slots). Its value is the updated cache (same buffer).
@@ -269,6 +280,7 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm",
             Op::Rope { .. } => "rope",
             Op::Attention { .. } => "attention",
+            Op::PagedAttention { .. } => "paged_attention",
             Op::KvWrite => "kv_write",
             Op::Gather => "gather",
             Op::QuantizedGather { .. } => "quantized_gather",

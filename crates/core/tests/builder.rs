@@ -167,6 +167,34 @@ fn attention_and_cache_shapes_are_checked() {
 }
 
 #[test]
+fn paged_attention_checks_its_pool_table_and_blocks() {
+    let mut b = GraphBuilder::default();
+    let q = b.input("q", DType::F16, &[2, 8, 1, 16]);
+    let pool = b.state("k", DType::F16, &[48, 2, 16]);
+    let len = b.input("len", DType::I32, &[2]);
+    let table = b.input("table", DType::I32, &[2, 3]);
+    let y = b
+        .paged_attention(q, pool, pool, len, table, 16, 0.25, true, None, None)
+        .unwrap();
+    assert_eq!(b.shape(y), [2, 8, 1, 16]);
+    let e = err(b.paged_attention(q, pool, pool, len, table, 20, 0.25, true, None, None));
+    assert!(e.contains("48 slots") && e.contains("blocks of 20"), "{e}");
+    let short = b.input("short", DType::I32, &[1, 3]);
+    let e = err(b.paged_attention(q, pool, pool, len, short, 16, 0.25, true, None, None));
+    assert!(e.contains("block table [1, 3]"), "{e}");
+    let floats = b.input("ftable", DType::F32, &[2, 3]);
+    assert!(b
+        .paged_attention(q, pool, pool, len, floats, 16, 0.25, true, None, None)
+        .is_err());
+    let dense = b.state("kd", DType::F16, &[2, 2, 48, 16]);
+    let e = err(b.paged_attention(q, dense, dense, len, table, 16, 0.25, true, None, None));
+    assert!(e.contains("[P, Hkv, D]"), "{e}");
+    let odd = b.state("k3", DType::F16, &[48, 3, 16]);
+    let e = err(b.paged_attention(q, odd, odd, len, table, 16, 0.25, true, None, None));
+    assert!(e.contains("do not fit"), "GQA 8/3 must be refused: {e}");
+}
+
+#[test]
 fn kv_write_casts_new_values_to_the_cache_dtype() {
     let mut b = GraphBuilder::default();
     let cache = b.state("k", DType::F16, &[1, 2, 8, 4]);

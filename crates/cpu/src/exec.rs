@@ -14,7 +14,7 @@ pub fn check_supported(node: &Node) -> Result<()> {
         }
         Op::Softmax { .. } | Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::Rope { .. } => node.dtype.is_float(),
         Op::MatMul { .. } | Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } => node.dtype.is_float(),
-        Op::Attention { .. } | Op::QuantizedGather { .. } => node.dtype.is_float(),
+        Op::Attention { .. } | Op::PagedAttention { .. } | Op::QuantizedGather { .. } => node.dtype.is_float(),
         _ => true,
     };
     if ok {
@@ -97,6 +97,35 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
                 softcap: *softcap,
             };
             attention::attention(v(0), shape(0), v(1), v(2), shape(1), shape(2)[3], v(3), &p, o)
+        }
+        Op::PagedAttention {
+            scale,
+            causal,
+            window,
+            softcap,
+            block_size,
+        } => {
+            let p = attention::Params {
+                scale: *scale,
+                causal: *causal,
+                window: *window,
+                softcap: *softcap,
+            };
+            let dv = shape(2)[2];
+            let table = (v(4), shape(4));
+            attention::paged_attention(
+                v(0),
+                shape(0),
+                v(1),
+                v(2),
+                shape(1),
+                dv,
+                v(3),
+                table,
+                *block_size,
+                &p,
+                o,
+            )
         }
         Op::KvWrite => attention::kv_write(out, &node.shape, ins[1], shape(1), v(2), node.dtype.size()),
         Op::Gather => index::gather(ins[0], shape(0), v(1), out, node.dtype.size()),

@@ -88,12 +88,33 @@ extern "C" __global__ void kv_write(void* cache, const void* nw, int size, const
   }
 }
 
+// A paged pool [P, Hkv, D] (paged_attention): row b's position j at slot
+// table[b · width + j / bs] · bs + j % bs, of `blocks` blocks; the attention kernels below take
+// it as a template choice, so the dense caches [B, Hkv, S, D] compile as they would without it.
+struct KvPages {
+  const void* table;
+  int kind;
+  i64 width, bs, blocks;
+  // The pool row (D wide) of position j of batch bi's kv head kvh; a block outside the pool
+  // flags the error and reads block 0.
+  __device__ __forceinline__ i64 row(i64 bi, i64 hkv, i64 kvh, i64 j, int* error, int tag) const {
+    const int jb = (int)j / (int)bs;
+    i64 blk = ld_index(table, kind, bi * width + jb);
+    if (blk < 0 || blk >= blocks) {
+      atomicCAS(error, 0, tag);
+      blk = 0;
+    }
+    return (blk * bs + ((int)j - jb * (int)bs)) * hkv + kvh;
+  }
+};
+
 // One block (128 threads) per query row (b, hq, t): scores over the valid keys, softmax, then
 // the weighted sum of values. Scores live in dynamic shared memory (S floats).
-extern "C" __global__ void attention(const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len,
-                                     int len_kind, int len_count, void* y, int ydt, i64 hq, i64 hkv, i64 t, i64 s,
-                                     i64 d, i64 dv, float scale, int causal, i64 window, float softcap, int* error,
-                                     int tag) {
+template <bool PAGED>
+__device__ __forceinline__ void attention_rows(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                               const void* kv_len, int len_kind, int len_count, void* y, int ydt,
+                                               i64 hq, i64 hkv, i64 t, i64 s, i64 d, i64 dv, float scale, int causal,
+                                               i64 window, float softcap, int* error, int tag, KvPages pg) {
   extern __shared__ float scores[];
   const i64 row = blockIdx.x;
   const i64 bi = row / (hq * t), hi = (row / t) % hq, ti = row % t;
@@ -105,11 +126,13 @@ extern "C" __global__ void attention(const void* q, int qdt, const void* k, cons
   i64 lo_key = 0;
   if (window > 0) lo_key = (p + 1 - window) > 0 ? p + 1 - window : 0;
   const i64 kbase = (bi * hkv + kvh) * s;
+  auto krow = [&](i64 j) { return PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j; };
   const i64 qbase = row * d;
   float m = -INFINITY;
   for (i64 j = lo_key + threadIdx.x; j < hi_key; j += blockDim.x) {
     float acc = 0.0f;
-    for (i64 c = 0; c < d; c++) acc += ldf(q, qdt, qbase + c) * ldf(k, kdt, (kbase + j) * d + c);
+    const i64 kr = krow(j);
+    for (i64 c = 0; c < d; c++) acc += ldf(q, qdt, qbase + c) * ldf(k, kdt, kr * d + c);
     acc *= scale;
     if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
     scores[j - lo_key] = acc;
@@ -126,9 +149,26 @@ extern "C" __global__ void attention(const void* q, int qdt, const void* k, cons
   float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   for (i64 c = threadIdx.x; c < dv; c += blockDim.x) {
     float acc = 0.0f;
-    for (i64 j = lo_key; j < hi_key; j++) acc += scores[j - lo_key] * ldf(v, kdt, (kbase + j) * dv + c);
+    for (i64 j = lo_key; j < hi_key; j++) acc += scores[j - lo_key] * ldf(v, kdt, krow(j) * dv + c);
     stf(y, ydt, row * dv + c, acc * inv);
   }
+}
+extern "C" __global__ void attention(const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len,
+                                     int len_kind, int len_count, void* y, int ydt, i64 hq, i64 hkv, i64 t, i64 s,
+                                     i64 d, i64 dv, float scale, int causal, i64 window, float softcap, int* error,
+                                     int tag) {
+  attention_rows<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, y, ydt, hq, hkv, t, s, d, dv, scale, causal,
+                        window, softcap, error, tag, KvPages{});
+}
+// attention over a paged pool: its parameters, then the table (kind as kv_len's), its width,
+// the block size and the pool's blocks; s is width · bs.
+extern "C" __global__ void attention_paged(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                           const void* kv_len, int len_kind, int len_count, void* y, int ydt, i64 hq,
+                                           i64 hkv, i64 t, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
+                                           float softcap, int* error, int tag, const void* table, int table_kind,
+                                           i64 width, i64 bs, i64 blocks) {
+  attention_rows<true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, y, ydt, hq, hkv, t, s, d, dv, scale, causal,
+                       window, softcap, error, tag, KvPages{table, table_kind, width, bs, blocks});
 }
 
 // s = a + b (rounded to sdt, stored: the residual stream) and y = rms_norm(s) in one pass; one
@@ -189,10 +229,12 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
 // partial (max, sum, unnormalized output) to part [rows, splits, dv + 2]; attention_combine
 // merges the splits. The length is read from device memory, so the grid is fixed for replay.
 #define ATT_MAXD 256
-extern "C" __global__ void attention_split(const void* q, int qdt, const void* k, const void* v, int kdt,
-                                           const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
-                                           i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
-                                           float softcap, i64 chunk, int* error, int tag) {
+template <bool PAGED>
+__device__ __forceinline__ void attention_split_rows(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                     const void* kv_len, int len_kind, int len_count, float* part,
+                                                     i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal,
+                                                     i64 window, float softcap, i64 chunk, int* error, int tag,
+                                                     KvPages pg) {
   __shared__ float wm[4], wl[4], wacc[4][ATT_MAXD];
   const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
@@ -211,6 +253,7 @@ extern "C" __global__ void attention_split(const void* q, int qdt, const void* k
   const i64 j0 = split * chunk > lo_key ? split * chunk : lo_key;
   const i64 j1 = (split + 1) * chunk < hi_key ? (split + 1) * chunk : hi_key;
   const i64 kbase = (bi * hkv + kvh) * s;
+  auto krow = [&](i64 j) { return PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j; };
   float qv[ATT_MAXD / 32], acc[ATT_MAXD / 32];
 #pragma unroll
   for (int i = 0; i < ATT_MAXD / 32; i++) {
@@ -221,10 +264,11 @@ extern "C" __global__ void attention_split(const void* q, int qdt, const void* k
   float m = -INFINITY, l = 0.0f;
   for (i64 j = j0 + warp; j < j1; j += 4) {
     float dot = 0.0f;
+    const i64 kr = krow(j);
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) {
       const i64 c = lane + 32 * i;
-      if (c < d) dot += qv[i] * ldf(k, kdt, (kbase + j) * d + c);
+      if (c < d) dot += qv[i] * ldf(k, kdt, kr * d + c);
     }
     float sc = warp_sum(dot) * scale;
     if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
@@ -234,7 +278,7 @@ extern "C" __global__ void attention_split(const void* q, int qdt, const void* k
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) {
       const i64 c = lane + 32 * i;
-      if (c < dv) acc[i] = acc[i] * corr + e * ldf(v, kdt, (kbase + j) * dv + c);
+      if (c < dv) acc[i] = acc[i] * corr + e * ldf(v, kdt, kr * dv + c);
     }
     m = mn;
   }
@@ -257,6 +301,23 @@ extern "C" __global__ void attention_split(const void* q, int qdt, const void* k
     for (int w = 0; w < 4; w++) o += wm[w] == -INFINITY ? 0.0f : wacc[w][c] * expf(wm[w] - mx);
     out[2 + c] = o;
   }
+}
+extern "C" __global__ void attention_split(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                           const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
+                                           i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
+                                           float softcap, i64 chunk, int* error, int tag) {
+  attention_split_rows<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
+                              window, softcap, chunk, error, tag, KvPages{});
+}
+// attention_split over a paged pool: its parameters, then the table, its width, the block
+// size and the pool's blocks (s is width · bs); the same for attention_gqa_paged_*.
+extern "C" __global__ void attention_split_paged(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                 const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
+                                                 i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
+                                                 float softcap, i64 chunk, int* error, int tag, const void* table,
+                                                 int table_kind, i64 width, i64 bs, i64 blocks) {
+  attention_split_rows<true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
+                             window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});
 }
 
 // y [rows, dv] from the partials of attention_split: one block per row.
@@ -315,11 +376,11 @@ template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i
 // head's max and exponentials, then the weighted values, summed over the warps. Writes
 // attention_split's partials (max, sum, unnormalized output) per query row, which
 // attention_combine merges; the parameters are attention_split's (its head sizes unused).
-template <int E>
+template <int E, bool PAGED>
 __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
                                               const void* kv_len, int len_kind, int len_count, float* part,
                                               i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
-                                              float softcap, i64 chunk, int* error, int tag) {
+                                              float softcap, i64 chunk, int* error, int tag, KvPages pg) {
   (void)causal;
   constexpr int D = 32 * E, GM = 4;  // launch.rs sizes the shared memory for these
   extern __shared__ float att_sm[];
@@ -350,12 +411,13 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
       for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
   }
   const i64 kbase = (bi * hkv + kvh) * s + j0;
+  auto krow = [&](i64 jj) { return PAGED ? pg.row(bi, hkv, kvh, j0 + jj, error, tag) : kbase + jj; };
   constexpr int U = 4;  // keys a warp has in flight
   for (i64 jj = warp; jj < n; jj += 4 * U) {
     float kf[U][E];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (jj + 4 * u < n) ld_run<E>(k, kdt, (kbase + jj + 4 * u) * D + lane * E, kf[u]);
+      if (jj + 4 * u < n) ld_run<E>(k, kdt, krow(jj + 4 * u) * D + lane * E, kf[u]);
       else
 #pragma unroll
         for (int e = 0; e < E; e++) kf[u][e] = 0.0f;
@@ -398,7 +460,7 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
     float vf[U][E];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (jj + 4 * u < n) ld_run<E>(v, kdt, (kbase + jj + 4 * u) * D + lane * E, vf[u]);
+      if (jj + 4 * u < n) ld_run<E>(v, kdt, krow(jj + 4 * u) * D + lane * E, vf[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -434,8 +496,15 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,    \
       int* error, int tag) {                                                                                           \
-    attention_gqa<E>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window, softcap, \
-                     chunk, error, tag);                                                                               \
+    attention_gqa<E, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window, \
+                            softcap, chunk, error, tag, KvPages{});                                                    \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_gqa_paged_##E(                                                                  \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,    \
+      int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, i64 blocks) {                         \
+    attention_gqa<E, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window,   \
+                           softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});                 \
   }
 ATTENTION_GQA(4)
 ATTENTION_GQA(8)

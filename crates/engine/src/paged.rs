@@ -188,6 +188,13 @@ impl StepShape {
     }
 }
 
+/// `MLXCEL_PAGED_ATTENTION=0`: decode steps gather each row's blocks into a dense cache, as
+/// prefill chunks do, instead of attending over the pool in place (for comparison).
+fn in_place_attention() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLXCEL_PAGED_ATTENTION").map_or(true, |v| v != "0"))
+}
+
 /// The step graph the engine plans for `shape`: each row's last-position argmax (and its f32
 /// logits when `logits`), after the passes.
 pub fn step_graph(model: &Transformer, dtype: DType, shape: &StepShape, logits: bool) -> Result<mlxcel_core::Graph> {
@@ -202,6 +209,7 @@ pub fn step_graph(model: &Transformer, dtype: DType, shape: &StepShape, logits: 
         pool_blocks: shape.pool_blocks,
         block_size: shape.block_size,
         dtype,
+        in_place: in_place_attention(),
     };
     let out = model.forward_paged(&mut b, &step)?;
     let vocab = model.spec.vocab;

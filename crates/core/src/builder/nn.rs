@@ -363,6 +363,79 @@ impl GraphBuilder {
         ))
     }
 
+    /// Attention of `q` over the first `kv_len` positions of each row in a paged pool; see
+    /// [`Op::PagedAttention`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        kv_len: NodeId,
+        table: NodeId,
+        block_size: usize,
+        scale: f32,
+        causal: bool,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    ) -> Result<NodeId> {
+        let op = "paged_attention";
+        let (sq, sk, sv) = (self.shape(q).to_vec(), self.shape(k).to_vec(), self.shape(v).to_vec());
+        let st = self.shape(table).to_vec();
+        let fits = sq.len() == 4
+            && sk.len() == 3
+            && sv.len() == 3
+            && sk[0] == sv[0]
+            && sk[1] == sv[1]
+            && sk[1] > 0
+            && sq[1] % sk[1] == 0
+            && sk[2] == sq[3];
+        if !fits {
+            return Err(shape_err(
+                op,
+                format!("q {sq:?}, k {sk:?}, v {sv:?} do not fit [B, Hq, T, D] / [P, Hkv, D]"),
+            ));
+        }
+        if st.len() != 2 || st[0] != sq[0] || st[1] == 0 {
+            return Err(shape_err(op, format!("block table {st:?} must be [{}, M > 0]", sq[0])));
+        }
+        check_int(op, "block table", self.dtype(table))?;
+        if block_size == 0 || sk[0] % block_size != 0 {
+            return Err(shape_err(
+                op,
+                format!("a pool of {} slots is not whole blocks of {block_size}", sk[0]),
+            ));
+        }
+        if window == Some(0) {
+            return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
+        }
+        self.check_len(op, "kv_len", kv_len, sq[0])?;
+        self.check_latest(op, k)?;
+        self.check_latest(op, v)?;
+        if self.dtype(k) != self.dtype(v) {
+            return Err(Error::DType(format!(
+                "paged_attention: k is {} but v is {}",
+                self.dtype(k),
+                self.dtype(v)
+            )));
+        }
+        let dtype = self.float_result(op, &[self.dtype(q), self.dtype(k)])?;
+        let shape = vec![sq[0], sq[1], sq[2], sv[2]];
+        Ok(self.push(
+            Op::PagedAttention {
+                scale,
+                causal,
+                window,
+                softcap,
+                block_size,
+            },
+            vec![q, k, v, kv_len, table],
+            shape,
+            dtype,
+            op,
+        ))
+    }
+
     /// The state behind `x` if `x` is a state or a write to one.
     fn state_root(&self, x: NodeId) -> Option<NodeId> {
         let mut root = x;

@@ -31,7 +31,7 @@ type Family = fn(&mut Vec<OpCase>) -> Result<()>;
 /// A shape written inline in a case table.
 type Shape = &'static [usize];
 
-/// Every op case (about four hundred; together they evaluate in well under a second).
+/// Every op case (about five hundred; together they evaluate in well under a second).
 pub fn all() -> Vec<OpCase> {
     let families: &[Family] = &[
         unary,
@@ -46,6 +46,7 @@ pub fn all() -> Vec<OpCase> {
         norms,
         rope,
         attention,
+        paged_attention,
         kv_write,
         layout,
         sorting,
@@ -1069,6 +1070,86 @@ fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
         let kv_len = c.input_values("kv_len", U32, &[2], &[9.0, 6.0])?;
         let y = c.b.attention(q, k, v, kv_len, 1.0 / 32f32.sqrt(), false, None, None)?;
         cases.push(c.finish(&[y], 2.0));
+    }
+    Ok(())
+}
+
+/// One paged-attention configuration: rows of `lens` positions each (this step's `t` tokens
+/// last), pool blocks of `bs` slots handed out shuffled, tables `width` wide.
+struct Paged {
+    lens: &'static [usize],
+    kv_heads: usize,
+    gqa: usize,
+    d: usize,
+    t: usize,
+    bs: usize,
+    width: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+}
+
+/// Attention over a paged pool as the serving engine builds it: this step's keys and values
+/// written at their slots in a `[1, 1, P, Hkv·D]` pool state (earlier positions hold the
+/// pool's random contents, which the queries must read), the pool viewed as `[P, Hkv, D]`,
+/// each row's blocks in no order, padding entries block 0.
+fn paged_attention(cases: &mut Vec<OpCase>) -> Result<()> {
+    #[rustfmt::skip]
+    let variants = [
+        Paged { lens: &[9, 3], kv_heads: 2, gqa: 2, d: 32, t: 1, bs: 4, width: 4, window: None, softcap: None },
+        Paged { lens: &[13, 5, 16], kv_heads: 1, gqa: 4, d: 64, t: 3, bs: 4, width: 4, window: Some(6), softcap: Some(2.0) },
+        // Decode shapes of real models (on CUDA: the grouped-query kernel, and the per-head one
+        // for 64 channels and groups of 8), blocks of 16, rows of different lengths.
+        Paged { lens: &[100, 37, 128], kv_heads: 8, gqa: 4, d: 128, t: 1, bs: 16, width: 8, window: None, softcap: None },
+        Paged { lens: &[70, 1], kv_heads: 2, gqa: 7, d: 64, t: 1, bs: 16, width: 8, window: None, softcap: None },
+        Paged { lens: &[90, 200], kv_heads: 1, gqa: 4, d: 256, t: 1, bs: 16, width: 16, window: Some(50), softcap: Some(50.0) },
+        Paged { lens: &[33], kv_heads: 4, gqa: 8, d: 128, t: 1, bs: 16, width: 4, window: None, softcap: None },
+    ];
+    for a in &variants {
+        for &dt in &FLOATS {
+            let (b, hkv, hq, t, d, bs) = (a.lens.len(), a.kv_heads, a.kv_heads * a.gqa, a.t, a.d, a.bs);
+            let mut name = format!("paged_attention/{dt}/b{b}/gqa{}/d{d}/t{t}/bs{bs}", a.gqa);
+            if let Some(w) = a.window {
+                name += &format!("/window{w}");
+            }
+            if a.softcap.is_some() {
+                name += "/softcap";
+            }
+            let mut c = Case::new(name);
+            // Block 0 is never lent; row r's j-th block is a shuffled pick of the rest.
+            let blocks = 1 + b * a.width;
+            let mut order: Vec<usize> = (1..blocks).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (i * 7 + 3) % (i + 1));
+            }
+            let mut table = vec![0.0f32; b * a.width];
+            let mut slots = Vec::new();
+            for (r, &len) in a.lens.iter().enumerate() {
+                for j in 0..len.div_ceil(bs) {
+                    table[r * a.width + j] = order[r * a.width + j] as f32;
+                }
+                for pos in len - t..len {
+                    slots.push(table[r * a.width + pos / bs] * bs as f32 + (pos % bs) as f32);
+                }
+            }
+            let pool = [1, 1, blocks * bs, hkv * d];
+            let k_pool = c.state("k_pool", dt, &pool)?;
+            let v_pool = c.state("v_pool", dt, &pool)?;
+            let q = c.input("q", dt, &[b, hq, t, d], 4.0)?;
+            let k_new = c.input("k", dt, &[1, 1, b * t, hkv * d], 1.0)?;
+            let v_new = c.input("v", dt, &[1, 1, b * t, hkv * d], 1.0)?;
+            let slots = c.input_values("slots", I32, &[1, b * t], &slots)?;
+            let k_all = c.b.kv_write(k_pool, k_new, slots)?;
+            let v_all = c.b.kv_write(v_pool, v_new, slots)?;
+            let k_all = c.b.reshape(k_all, &[blocks * bs, hkv, d])?;
+            let v_all = c.b.reshape(v_all, &[blocks * bs, hkv, d])?;
+            let lens: Vec<f32> = a.lens.iter().map(|&l| l as f32).collect();
+            let kv_len = c.input_values("kv_len", I32, &[b], &lens)?;
+            let table = c.input_values("table", I32, &[b, a.width], &table)?;
+            let scale = 1.0 / (d as f32).sqrt();
+            let y =
+                c.b.paged_attention(q, k_all, v_all, kv_len, table, bs, scale, true, a.window, a.softcap)?;
+            cases.push(c.finish(&[y], 2.0));
+        }
     }
     Ok(())
 }

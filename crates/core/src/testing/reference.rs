@@ -175,6 +175,28 @@ fn compute(node: &Node, x: &[&Value]) -> Result<Vec<f64>> {
             };
             attention([x[0], x[1], x[2]], x[3], *scale as f64, mask, softcap.map(f64::from))?
         }
+        Op::PagedAttention {
+            scale,
+            causal,
+            window,
+            softcap,
+            block_size,
+        } => {
+            let mask = Mask {
+                causal: *causal,
+                window: *window,
+            };
+            let qkv = [x[0], x[1], x[2]];
+            paged_attention(
+                qkv,
+                x[3],
+                x[4],
+                *block_size,
+                *scale as f64,
+                mask,
+                softcap.map(f64::from),
+            )?
+        }
         Op::KvWrite => kv_write(x[0], x[1], x[2])?,
         Op::Gather => gather(x[0], x[1])?,
         Op::QuantizedGather { bits, group_size } => quantized_gather([x[0], x[1], x[2]], x[3], *bits, *group_size)?,
@@ -576,9 +598,48 @@ fn per_batch(v: &Value, b: usize) -> f64 {
 /// `q [B, Hq, T, D]` over the first `kv_len` of `k [B, Hkv, S, D]`, `v [B, Hkv, S, Dv]`; query
 /// `t` sits at position `kv_len - T + t`, and head `h` reads kv head `h / (Hq / Hkv)`.
 fn attention(qkv: [&Value; 3], kv_len: &Value, scale: f64, mask: Mask, softcap: Option<f64>) -> Result<Vec<f64>> {
+    let k = qkv[1];
+    let (hkv, cap) = (k.shape[1], k.shape[2]);
+    let rows = |bi: usize, kvh: usize, j: usize| Ok((bi * hkv + kvh) * cap + j);
+    attend(qkv, kv_len, hkv, cap, rows, scale, mask, softcap)
+}
+
+/// [`attention`] over a paged pool `k [P, Hkv, D]`, `v [P, Hkv, Dv]`: row `b`'s position `j` at
+/// slot `table[b, j / bs] · bs + j % bs`.
+fn paged_attention(
+    qkv: [&Value; 3],
+    kv_len: &Value,
+    table: &Value,
+    bs: usize,
+    scale: f64,
+    mask: Mask,
+    softcap: Option<f64>,
+) -> Result<Vec<f64>> {
+    let k = qkv[1];
+    let (slots, hkv, width) = (k.shape[0], k.shape[1], table.shape[1]);
+    let rows = |bi: usize, kvh: usize, j: usize| {
+        let block = checked_index(table.data[bi * width + j / bs], slots / bs, "paged_attention: block")?;
+        Ok((block * bs + j % bs) * hkv + kvh)
+    };
+    attend(qkv, kv_len, hkv, width * bs, rows, scale, mask, softcap)
+}
+
+/// The attention both layouts share: `rows(b, kv head, j)` is the row of k (D wide) and v (Dv
+/// wide) that holds position `j`, of `cap` positions a row.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    qkv: [&Value; 3],
+    kv_len: &Value,
+    hkv: usize,
+    cap: usize,
+    rows: impl Fn(usize, usize, usize) -> Result<usize>,
+    scale: f64,
+    mask: Mask,
+    softcap: Option<f64>,
+) -> Result<Vec<f64>> {
     let [q, k, v] = qkv;
     let (b, hq, t, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let (hkv, cap, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+    let dv = *v.shape.last().unwrap_or(&0);
     let mut out = Vec::with_capacity(b * hq * t * dv);
     for bi in 0..b {
         let len = per_batch(kv_len, bi);
@@ -589,7 +650,8 @@ fn attention(qkv: [&Value; 3], kv_len: &Value, scale: f64, mask: Mask, softcap: 
         }
         let len = len as usize;
         for h in 0..hq {
-            let kv_row = |j: usize| (bi * hkv + h / (hq / hkv)) * cap + j;
+            let kv_row: Vec<usize> = (0..len).map(|j| rows(bi, h / (hq / hkv), j)).collect::<Result<_>>()?;
+            let kv_row = |j: usize| kv_row[j];
             for ti in 0..t {
                 let p = len - t + ti;
                 let q_row = row(&q.data, (bi * hq + h) * t + ti, d);
@@ -1410,7 +1472,7 @@ mod tests {
 
     /// The name of every op (each unary, binary, compare and reduce kind counted apart).
     #[rustfmt::skip]
-    const ALL_OPS: [&str; 58] = [
+    const ALL_OPS: [&str; 59] = [
         "parameter", "constant", "input", "state",
         "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "softcap",
         "sin", "cos",
@@ -1418,7 +1480,7 @@ mod tests {
         "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "where", "astype",
         "sum", "max", "min", "argmax", "logsumexp", "softmax", "cumsum",
         "matmul", "quantized_matmul", "gather_qmm",
-        "rms_norm", "layer_norm", "rope", "attention", "kv_write", "gather", "quantized_gather", "take_along_axis",
+        "rms_norm", "layer_norm", "rope", "attention", "paged_attention", "kv_write", "gather", "quantized_gather", "take_along_axis",
         "reshape", "transpose", "slice", "concat", "broadcast",
         "topk", "argsort", "sample_categorical",
     ];
@@ -1448,6 +1510,6 @@ mod tests {
         }
         let missing: Vec<&str> = ALL_OPS.into_iter().filter(|op| !seen.contains(op)).collect();
         assert!(missing.is_empty(), "ops without a case: {missing:?}");
-        assert!((150..=500).contains(&cases.len()), "{} cases", cases.len());
+        assert!((150..=600).contains(&cases.len()), "{} cases", cases.len());
     }
 }

@@ -17,6 +17,43 @@ const MAX_DV: usize = 512;
 /// Largest batch (sequences) per attention call.
 const MAX_BATCH: usize = 256;
 
+/// Where the keys and values of (batch, kv head, position) live.
+enum Layout {
+    /// Caches `[B, Hkv, S, D]`.
+    Dense { hkv: usize, s: usize },
+    /// A pool `[P, Hkv, D]`: row `b`'s position `j` at slot `table[b · width + j / bs] · bs + j % bs`.
+    Paged {
+        hkv: usize,
+        table: Vec<usize>,
+        width: usize,
+        bs: usize,
+    },
+}
+
+impl Layout {
+    /// The k row (D wide; v: Dv wide) of position `j` of batch `bi`'s kv head `kvh`.
+    fn row(&self, bi: usize, kvh: usize, j: usize) -> usize {
+        match self {
+            Layout::Dense { hkv, s } => (bi * hkv + kvh) * s + j,
+            Layout::Paged { hkv, table, width, bs } => (table[bi * width + j / bs] * bs + j % bs) * hkv + kvh,
+        }
+    }
+
+    /// Positions a row can hold.
+    fn capacity(&self) -> usize {
+        match self {
+            Layout::Dense { s, .. } => *s,
+            Layout::Paged { width, bs, .. } => width * bs,
+        }
+    }
+
+    fn kv_heads(&self) -> usize {
+        match self {
+            Layout::Dense { hkv, .. } | Layout::Paged { hkv, .. } => *hkv,
+        }
+    }
+}
+
 /// `out [B, Hq, T, Dv]`: each query row attends to the valid keys of its KV head with an
 /// online (single pass) softmax in f32.
 #[allow(clippy::too_many_arguments)]
@@ -29,10 +66,63 @@ pub fn attention(
     dv: usize,
     kv_len: In,
     p: &Params,
+    out: Out,
+) -> Result<()> {
+    let layout = Layout::Dense { hkv: sk[1], s: sk[2] };
+    attend(q, sq, k, v, dv, kv_len, &layout, p, out)
+}
+
+/// [`attention`] over a paged pool `k [P, Hkv, D]`, `v [P, Hkv, Dv]` through `table [B, M]`
+/// (blocks of `block_size` slots).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: In,
+    sq: &[usize],
+    k: In,
+    v: In,
+    sk: &[usize],
+    dv: usize,
+    kv_len: In,
+    (table, st): (In, &[usize]),
+    block_size: usize,
+    p: &Params,
+    out: Out,
+) -> Result<()> {
+    let blocks = sk[0] / block_size;
+    let table = (0..table.len())
+        .map(|i| {
+            let b = table.get_index(i)?;
+            if b < 0 || b as usize >= blocks {
+                return Err(Error::Runtime(format!(
+                    "paged attention: block {b} outside the pool of {blocks}"
+                )));
+            }
+            Ok(b as usize)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let layout = Layout::Paged {
+        hkv: sk[1],
+        table,
+        width: st[1],
+        bs: block_size,
+    };
+    attend(q, sq, k, v, dv, kv_len, &layout, p, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: In,
+    sq: &[usize],
+    k: In,
+    v: In,
+    dv: usize,
+    kv_len: In,
+    layout: &Layout,
+    p: &Params,
     mut out: Out,
 ) -> Result<()> {
-    let (b, hq, t, d) = (sq[0], sq[1], sq[2], sq[3]);
-    let (hkv, s) = (sk[1], sk[2]);
+    let (b, hq, t) = (sq[0], sq[1], sq[2]);
+    let s = layout.capacity();
     if dv > MAX_DV {
         return Err(Error::Unsupported {
             backend: "cpu",
@@ -56,12 +146,18 @@ pub fn attention(
         *len = l as usize;
     }
     // Rows of the output, one per (batch, head, query), computed in parallel into f32.
-    let dims = (b, hq, hkv, t, s, d, dv, hq / hkv);
+    let dims = Dims {
+        hq,
+        t,
+        d: sq[3],
+        dv,
+        group: hq / layout.kv_heads(),
+    };
     with_scratch(b * hq * t * dv, |result| {
         match (k, v) {
-            (In::F32(k), In::F32(v)) => run(&q, k, v, &lens, dims, p, result),
-            (In::F16(k), In::F16(v)) => run(&q, k, v, &lens, dims, p, result),
-            (In::BF16(k), In::BF16(v)) => run(&q, k, v, &lens, dims, p, result),
+            (In::F32(k), In::F32(v)) => run(&q, k, v, &lens, &dims, layout, p, result),
+            (In::F16(k), In::F16(v)) => run(&q, k, v, &lens, &dims, layout, p, result),
+            (In::BF16(k), In::BF16(v)) => run(&q, k, v, &lens, &dims, layout, p, result),
             _ => return Err(super::dtype_mismatch("attention")),
         }
         out.store_f32(0, result);
@@ -69,10 +165,26 @@ pub fn attention(
     })
 }
 
-type Dims = (usize, usize, usize, usize, usize, usize, usize, usize);
+struct Dims {
+    hq: usize,
+    t: usize,
+    d: usize,
+    dv: usize,
+    group: usize,
+}
 
-fn run<T: Float>(q: &In, k: &[T], v: &[T], lens: &[usize], dims: Dims, p: &Params, result: &mut [f32]) {
-    let (_, hq, hkv, t, s, d, dv, group) = dims;
+#[allow(clippy::too_many_arguments)]
+fn run<T: Float>(
+    q: &In,
+    k: &[T],
+    v: &[T],
+    lens: &[usize],
+    dims: &Dims,
+    layout: &Layout,
+    p: &Params,
+    result: &mut [f32],
+) {
+    let &Dims { hq, t, d, dv, group } = dims;
     result.par_chunks_mut(dv).enumerate().for_each(|(r, o)| {
         let (bi, hi, ti) = (r / (hq * t), (r / t) % hq, r % t);
         let kvh = hi / group;
@@ -83,12 +195,12 @@ fn run<T: Float>(q: &In, k: &[T], v: &[T], lens: &[usize], dims: Dims, p: &Param
         let mut qrow = [0.0f32; MAX_DV];
         let qrow = &mut qrow[..d];
         q.load_f32(r * d, qrow);
-        let base = (bi * hkv + kvh) * s;
         let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
         let mut acc = [0.0f32; MAX_DV];
         let acc = &mut acc[..dv];
         for j in lo_key..hi_key {
-            let kr = &k[(base + j) * d..(base + j + 1) * d];
+            let row = layout.row(bi, kvh, j);
+            let kr = &k[row * d..(row + 1) * d];
             let mut score = super::matmul::dot(qrow, kr) * p.scale;
             if let Some(c) = p.softcap {
                 score = c * (score / c).tanh();
@@ -97,7 +209,7 @@ fn run<T: Float>(q: &In, k: &[T], v: &[T], lens: &[usize], dims: Dims, p: &Param
             let correction = (m - m_new).exp();
             let w = (score - m_new).exp();
             l = l * correction + w;
-            let vr = &v[(base + j) * dv..(base + j + 1) * dv];
+            let vr = &v[row * dv..(row + 1) * dv];
             acc.iter_mut()
                 .zip(vr)
                 .for_each(|(a, x)| *a = *a * correction + w * x.to_f32());

@@ -728,11 +728,18 @@ pub fn node(
             causal,
             window,
             softcap,
+        }
+        | Op::PagedAttention {
+            scale,
+            causal,
+            window,
+            softcap,
+            ..
         } => {
-            let (sq, sk) = (&input(0).shape, &input(1).shape);
-            let dv = input(2).shape[3];
-            let rows = sq[0] * sq[1] * sq[2];
-            // q, k, v and the length: the leading parameters of both attention kernels.
+            let Some(a) = attention_shape(graph, i) else {
+                unreachable!("an attention node")
+            };
+            // q, k, v and the length: the leading parameters of every attention kernel.
             let operands = [
                 Ptr(ptr(0)),
                 I32(fcode(input(0).dtype)?),
@@ -743,16 +750,28 @@ pub fn node(
                 I32(icode(input(3).dtype)?),
                 I32(input(3).shape.iter().product::<usize>() as i32),
             ];
+            // The paged kernels' trailing parameters: the table, its width, block size and blocks.
+            let pages = match a.pages {
+                Some(p) => vec![
+                    Ptr(ptr(4)),
+                    I32(icode(input(4).dtype)?),
+                    I64(p.width as i64),
+                    I64(p.block_size as i64),
+                    I64(p.blocks as i64),
+                ],
+                None => Vec::new(),
+            };
+            let paged = a.pages.is_some();
             let mut args = operands.to_vec();
             args.extend([
                 Ptr(out),
                 I32(fcode(node.dtype)?),
-                I64(sq[1] as i64),
-                I64(sk[1] as i64),
-                I64(sq[2] as i64),
-                I64(sk[2] as i64),
-                I64(sq[3] as i64),
-                I64(dv as i64),
+                I64(a.hq as i64),
+                I64(a.hkv as i64),
+                I64(a.t as i64),
+                I64(a.s as i64),
+                I64(a.d as i64),
+                I64(a.dv as i64),
                 F32(*scale),
                 I32(i32::from(*causal)),
                 I64(window.map_or(0, |w| w as i64)),
@@ -760,16 +779,18 @@ pub fn node(
                 Ptr(error),
                 I32(tag),
             ]);
+            args.extend(pages.iter().cloned());
+            let rows = a.b * a.hq * a.t;
             if let (Some(splits), true) = (decode_attention_splits(graph, i), scratch != 0) {
-                let chunk = sk[2].div_ceil(splits);
+                let chunk = a.s.div_ceil(splits);
                 let mut split_args = operands.to_vec();
                 split_args.extend([
                     Ptr(scratch),
-                    I64(sq[1] as i64),
-                    I64(sk[1] as i64),
-                    I64(sk[2] as i64),
-                    I64(sq[3] as i64),
-                    I64(dv as i64),
+                    I64(a.hq as i64),
+                    I64(a.hkv as i64),
+                    I64(a.s as i64),
+                    I64(a.d as i64),
+                    I64(a.dv as i64),
                     F32(*scale),
                     I32(i32::from(*causal)),
                     I64(window.map_or(0, |w| w as i64)),
@@ -778,36 +799,40 @@ pub fn node(
                     Ptr(error),
                     I32(tag),
                 ]);
+                split_args.extend(pages);
                 // The grouped kernel takes the same parameters, a block per kv head.
                 let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
                     // Shared memory (nn.cu, GM = 4 heads a group): scores [GM][chunk], per-warp
                     // outputs [4][GM][D], max and sum [2][GM].
                     Some(lane) => (
-                        if lane == 4 {
-                            "attention_gqa_4"
-                        } else {
-                            "attention_gqa_8"
+                        match (lane, paged) {
+                            (4, false) => "attention_gqa_4",
+                            (4, true) => "attention_gqa_paged_4",
+                            (_, false) => "attention_gqa_8",
+                            (_, true) => "attention_gqa_paged_8",
                         },
-                        sq[0] * sk[1],
+                        a.b * a.hkv,
                         4 * (4 * chunk + 4 * 4 * 32 * lane + 2 * 4),
                     ),
+                    None if paged => ("attention_split_paged", rows, 0),
                     None => ("attention_split", rows, 0),
                 };
                 gpu.launch_grid(name, (blocks as u32, splits as u32), 128, smem as u32, &split_args)?;
                 let combine = [
                     Ptr(scratch),
                     I64(splits as i64),
-                    I64(dv as i64),
+                    I64(a.dv as i64),
                     Ptr(out),
                     I32(fcode(node.dtype)?),
                 ];
                 return gpu.launch("attention_combine", rows as u32, 128, 0, &combine);
             }
             if let Some(name) = flash_prefill_kernel(graph, i) {
-                let grid = (sq[2].div_ceil(64) as u32, (sq[0] * sq[1]) as u32);
+                let grid = (a.t.div_ceil(64) as u32, (a.b * a.hq) as u32);
                 return gpu.launch_grid(name, grid, 128, 0, &args);
             }
-            gpu.launch("attention", rows as u32, 128, (sk[2] * 4) as u32, &args)
+            let name = if paged { "attention_paged" } else { "attention" };
+            gpu.launch(name, rows as u32, 128, (a.s * 4) as u32, &args)
         }
         Op::KvWrite => {
             let sn = &input(1).shape;
@@ -1465,30 +1490,75 @@ fn try_gemm(gpu: &Gpu, graph: &Graph, i: usize, ptr: &dyn Fn(usize) -> u64, out:
     Ok(true)
 }
 
+/// A paged attention's pool: its table's width, the block size and the pool's blocks.
+#[derive(Clone, Copy)]
+struct Pages {
+    width: usize,
+    block_size: usize,
+    blocks: usize,
+}
+
+/// Attention node `i` as its kernels see it: `b` rows of `hq` query heads over `t` queries of
+/// `d` channels, `hkv` kv heads of `s` positions a row (a paged row: its table's), values `dv`
+/// wide.
+struct AttentionShape {
+    b: usize,
+    hq: usize,
+    t: usize,
+    d: usize,
+    hkv: usize,
+    s: usize,
+    dv: usize,
+    pages: Option<Pages>,
+}
+
+fn attention_shape(graph: &Graph, i: usize) -> Option<AttentionShape> {
+    let node = &graph.nodes[i];
+    let shape = |k: usize| &graph.node(node.inputs[k]).shape;
+    let (sq, sk, sv) = (shape(0), shape(1), shape(2));
+    let (hkv, s, dv, pages) = match node.op {
+        Op::Attention { .. } => (sk[1], sk[2], sv[3], None),
+        Op::PagedAttention { block_size, .. } => {
+            let width = shape(4)[1];
+            let pages = Pages {
+                width,
+                block_size,
+                blocks: sk[0] / block_size.max(1),
+            };
+            (sk[1], width * block_size, sv[2], Some(pages))
+        }
+        _ => return None,
+    };
+    Some(AttentionShape {
+        b: sq[0],
+        hq: sq[1],
+        t: sq[2],
+        d: sq[3],
+        hkv,
+        s,
+        dv,
+        pages,
+    })
+}
+
 /// Splits of the cache for decode attention (one query position per head, head sizes up to 256):
 /// a split of `keys_per_split()` keys (32: eight a warp, so the serial chain of loads per warp
 /// stays short), at most 256, and enough blocks for every SM twice over.
 fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
-    let node = &graph.nodes[i];
-    let Op::Attention { .. } = node.op else { return None };
-    let (sq, sk, sv) = (
-        &graph.node(node.inputs[0]).shape,
-        &graph.node(node.inputs[1]).shape,
-        &graph.node(node.inputs[2]).shape,
-    );
-    if sq[2] != 1 || sq[3] > 256 || sv[3] > 256 {
+    let a = attention_shape(graph, i)?;
+    if a.t != 1 || a.d > 256 || a.dv > 256 {
         return None;
     }
-    let by_keys = sk[2].div_ceil(keys_per_split());
+    let by_keys = a.s.div_ceil(keys_per_split());
     // The grouped kernel splits by keys only: each block does a group's work, and more splits
     // (to fill the GPU) measured slower (gemma3-1b: 346 tok/s by keys, 318 aiming at 132
     // blocks). The per-head kernel also aims at a block for every SM twice over.
     let min_splits = if gqa_decode_kernel(graph, i).is_some() {
         1
     } else {
-        264usize.div_ceil(sq[0] * sq[1])
+        264usize.div_ceil(a.b * a.hq)
     };
-    Some(by_keys.max(min_splits).min(sk[2]).clamp(1, 256))
+    Some(by_keys.max(min_splits).min(a.s).clamp(1, 256))
 }
 
 /// The grouped-query decode attention kernel for node `i`, as its channels a lane, where it
@@ -1501,16 +1571,10 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     if !switch(&ON, "MLXCEL_ATT_GQA", true) {
         return None;
     }
-    let node = &graph.nodes[i];
-    let (sq, sk, sv) = (
-        &graph.node(node.inputs[0]).shape,
-        &graph.node(node.inputs[1]).shape,
-        &graph.node(node.inputs[2]).shape,
-    );
-    let d = sq[3];
-    let group = sq[1] / sk[1].max(1);
-    let fits = sq[2] == 1 && sk[3] == d && sv[3] == d && matches!(d, 128 | 256);
-    (fits && sk[1] > 0 && sq[1] % sk[1] == 0 && (1..=4).contains(&group)).then_some(d / 32)
+    let a = attention_shape(graph, i)?;
+    let group = a.hq / a.hkv.max(1);
+    let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 128 | 256);
+    (fits && a.hkv > 0 && a.hq % a.hkv == 0 && (1..=4).contains(&group)).then_some(a.d / 32)
 }
 
 /// The routed product grouped by expert (grouped.cu) for node `i`, where it applies: more pairs
@@ -1575,6 +1639,7 @@ fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
         return None;
     }
     let node = &graph.nodes[i];
+    let Op::Attention { .. } = node.op else { return None };
     let (q, k, v) = (
         graph.node(node.inputs[0]),
         graph.node(node.inputs[1]),
@@ -1632,7 +1697,6 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
         return Some((pairs + graph.node(node.inputs[1]).shape[0] + 1) * 4);
     }
     let splits = decode_attention_splits(graph, i)?;
-    let node = &graph.nodes[i];
-    let (sq, sv) = (&graph.node(node.inputs[0]).shape, &graph.node(node.inputs[2]).shape);
-    Some(sq[0] * sq[1] * splits * (sv[3] + 2) * 4)
+    let a = attention_shape(graph, i)?;
+    Some(a.b * a.hq * splits * (a.dv + 2) * 4)
 }

@@ -251,7 +251,7 @@ pub fn check_supported(node: &Node) -> Result<()> {
         Op::Binary(_) => float || matches!(node.dtype, DType::I32 | DType::U32),
         Op::Softmax { .. } | Op::CumSum { .. } | Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::Rope { .. } => float,
         Op::MatMul { .. } | Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } => float,
-        Op::Attention { .. } | Op::QuantizedGather { .. } => float,
+        Op::Attention { .. } | Op::PagedAttention { .. } | Op::QuantizedGather { .. } => float,
         Op::Reduce { .. } => float || node.dtype == DType::U32,
         _ => true,
     };
@@ -287,6 +287,9 @@ pub fn check_node(graph: &Graph, node: &Node) -> Result<()> {
         Op::Attention { .. } if input(1).shape[2] > MAX_ATTENTION_KEYS => {
             bad(format!("more than {MAX_ATTENTION_KEYS} cached keys"))
         }
+        Op::PagedAttention { block_size, .. } if input(4).shape[1] * block_size > MAX_ATTENTION_KEYS => {
+            bad(format!("more than {MAX_ATTENTION_KEYS} positions a row"))
+        }
         Op::QuantizedMatMul { .. } | Op::GatherQuantizedMatMul { .. } if input(2).dtype != input(3).dtype => {
             bad("scales and biases of different dtypes".into())
         }
@@ -298,7 +301,9 @@ pub fn check_node(graph: &Graph, node: &Node) -> Result<()> {
             has_bias: true,
             ..
         } if input(1).dtype != input(2).dtype => bad("weight and bias of different dtypes".into()),
-        Op::Attention { .. } if input(1).dtype != input(2).dtype => bad("k and v of different dtypes".into()),
+        Op::Attention { .. } | Op::PagedAttention { .. } if input(1).dtype != input(2).dtype => {
+            bad("k and v of different dtypes".into())
+        }
         Op::Binary(_) | Op::Unary(_) if node.dtype == DType::U8 => bad("uint8 arithmetic".into()),
         _ => Ok(()),
     }

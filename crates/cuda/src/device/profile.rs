@@ -138,6 +138,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
             format!("matmul t={transpose_b} {:?} @ {:?}", sa, sb)
         }
         Op::Attention { .. } => format!("attention q{:?} k{:?}", input(0), input(1)),
+        Op::PagedAttention { .. } => format!("paged attention q{:?} table{:?}", input(0), input(4)),
         op => format!("{} {}", op.name(), node.dtype),
     }
 }

@@ -3,10 +3,10 @@
 //! Each layer's keys (and values) live in one pool state `layers.{i}.{k,v}_pool` of shape
 //! `[1, 1, blocks · block_size, Hkv · hd]`: token-major, so a pool slot `block · block_size +
 //! offset` holds one position of one sequence. Writes are one `kv_write` a pool and layer, each
-//! token at its host-computed slot; reads gather each row's blocks through its block table
-//! into a dense `[B, Hkv, M · block_size, hd]` view for `attention`, which reads only the first
-//! `kv_len` positions of each row. Only existing ops are used, so every backend runs it; one
-//! row's arithmetic never depends on the other rows.
+//! token at its host-computed slot. A decode step's `paged_attention` reads each row's blocks
+//! in place through its block table; a prefill chunk gathers them into a dense
+//! `[B, Hkv, M · block_size, hd]` view for `attention`. Both read only the first `kv_len`
+//! positions of each row. One row's arithmetic never depends on the other rows.
 
 use anyhow::{ensure, Result};
 use mlxcel_core::{DType, GraphBuilder, NodeId};
@@ -30,6 +30,9 @@ pub struct PagedStep {
     pub block_size: usize,
     /// Activations and cache dtype.
     pub dtype: DType,
+    /// Decode reads the pool in place (`paged_attention`); false gathers it as prefill does
+    /// (for comparison).
+    pub in_place: bool,
 }
 
 impl Transformer {
@@ -62,33 +65,37 @@ impl Attention {
         let (hkv, hd) = (spec.kv_heads, spec.head_dim);
         let m = b.shape(s.block_table)[1];
         let [q, k, v] = self.qkv(b, spec, i, x, s.positions)?;
-        let pool = [1, 1, s.pool_blocks * s.block_size, hkv * hd];
-        let read = |b: &mut GraphBuilder, kind: &str, new: NodeId| -> Result<NodeId> {
+        let slots = s.pool_blocks * s.block_size;
+        let pool = [1, 1, slots, hkv * hd];
+        let write = |b: &mut GraphBuilder, kind: &str, new: NodeId| -> Result<NodeId> {
             // [B, Hkv, T, hd] → [1, 1, B·T, Hkv·hd]: one pool row per token, each at its slot.
             let new = b.swap_axes(new, 1, 2)?;
             let new = b.reshape(new, &[1, 1, batch * t, hkv * hd])?;
             let cache = b.state(&format!("layers.{i}.{kind}_pool"), s.dtype, &pool);
-            let slots = b.reshape(s.write_slots, &[1, batch * t])?;
-            let cache = b.kv_write(cache, new, slots)?;
-            // [blocks, bs·Hkv·hd] gathered by [B, M] → [B, M·bs, Hkv, hd] → [B, Hkv, M·bs, hd]
-            let blocks = b.reshape(cache, &[s.pool_blocks, s.block_size * hkv * hd])?;
-            let rows = b.gather(blocks, s.block_table)?;
-            let rows = b.reshape(rows, &[batch, m * s.block_size, hkv, hd])?;
-            Ok(b.swap_axes(rows, 1, 2)?)
+            let at = b.reshape(s.write_slots, &[1, batch * t])?;
+            Ok(b.kv_write(cache, new, at)?)
         };
-        let kc = read(b, "k", k)?;
-        let vc = read(b, "v", v)?;
+        let (kp, vp) = (write(b, "k", k)?, write(b, "v", v)?);
         let scale = spec.attention_scale();
-        let o = b.attention(
-            q,
-            kc,
-            vc,
-            s.kv_len,
-            scale,
-            true,
-            spec.window(i),
-            spec.options.attn_softcap,
-        )?;
+        let (window, softcap) = (spec.window(i), spec.options.attn_softcap);
+        let o = if t == 1 && s.in_place {
+            // Decode: attention reads each row's blocks in the pool where they lie.
+            let kp = b.reshape(kp, &[slots, hkv, hd])?;
+            let vp = b.reshape(vp, &[slots, hkv, hd])?;
+            let (len, table) = (s.kv_len, s.block_table);
+            b.paged_attention(q, kp, vp, len, table, s.block_size, scale, true, window, softcap)?
+        } else {
+            // A prefill chunk: each row's blocks gathered into a dense [B, Hkv, M·bs, hd] view,
+            // for the prefill kernels (on CUDA, the tensor-core one), the copy shared by T queries.
+            let dense = |b: &mut GraphBuilder, cache: NodeId| -> Result<NodeId> {
+                let blocks = b.reshape(cache, &[s.pool_blocks, s.block_size * hkv * hd])?;
+                let rows = b.gather(blocks, s.block_table)?;
+                let rows = b.reshape(rows, &[batch, m * s.block_size, hkv, hd])?;
+                Ok(b.swap_axes(rows, 1, 2)?)
+            };
+            let (kc, vc) = (dense(b, kp)?, dense(b, vp)?);
+            b.attention(q, kc, vc, s.kv_len, scale, true, window, softcap)?
+        };
         self.project_out(b, spec, o)
     }
 }
