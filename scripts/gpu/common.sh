@@ -20,10 +20,10 @@ bench() {
   echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
 }
 
-# The representative sweep of the five presets (3 runs each) into /tmp/sweep.md, printed.
+# The representative sweep of six presets (3 runs each) into /tmp/sweep.md, printed.
 sweep() {
-  MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 200 bash scripts/bench_representative.sh -o /tmp/sweep.md \
-    --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
+  MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 240 bash scripts/bench_representative.sh -o /tmp/sweep.md \
+    --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit,llama-3.2-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
   cat /tmp/sweep.md; tail -2 /tmp/bench.err
 }
 

@@ -28,6 +28,19 @@ fn llama_3_1_8b() -> Value {
     })
 }
 
+/// meta-llama/Llama-3.2-1B's config.json: a dense model of about gemma3-1b-4bit's bytes a
+/// token (0.70 GB against 0.58 GB at 4 bits), for comparing the two per byte.
+fn llama_3_2_1b() -> Value {
+    json!({
+        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "tie_word_embeddings": true,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+    })
+}
+
 fn qwen2_5_0_5b() -> Value {
     json!({
         "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
@@ -98,6 +111,14 @@ pub const PRESETS: &[Preset] = &[
     Preset {
         name: "llama-3.1-8b-4bit",
         config: llama_3_1_8b,
+        quant: Some(QuantParams {
+            bits: 4,
+            group_size: 64,
+        }),
+    },
+    Preset {
+        name: "llama-3.2-1b-4bit",
+        config: llama_3_2_1b,
         quant: Some(QuantParams {
             bits: 4,
             group_size: 64,
