@@ -6,7 +6,7 @@
 # small-batch tensor-core product (MLXCEL_SMALL_BATCH_TC=1, off by default), and decode
 # attention over the paged pool in place (paged_attention; MLXCEL_PAGED_ATTENTION=0 gathers the
 # pool as before). serve-and-sweep.sh is the second call. One file back: $OUT/report.txt, and
-# $OUT/profile-b64*.txt.
+# $OUT/profile-*.txt.
 # Stage as scripts/gpu/README.md says (the PTX precompiled into .gpu/extra too).
 source "$(dirname "$0")/common.sh"
 # batch N VAR=VALUE...: serve's step of N rows (256 positions in, 64 steps, 2 runs).
@@ -29,9 +29,9 @@ for n in 8 64; do
   batch $n MLXCEL_SMALL_BATCH_TC=1 MLXCEL_PAGED_ATTENTION=0
 done
 tail -3 /tmp/bench.err
-for sb in 0 1; do
-  MLXCEL_CUDA_PROFILE=1 MLXCEL_SMALL_BATCH_TC=$sb timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch 64 -p 256 -g 16 -r 1 > $OUT/profile-b64-sb$sb.txt 2>&1
-  echo "== profile, 64 rows, small-batch=$sb rc=$?"; grep -v "^\s*$" $OUT/profile-b64-sb$sb.txt | head -70
+for cfg in "64 0" "64 1" "8 1"; do set -- $cfg
+  MLXCEL_CUDA_PROFILE=1 MLXCEL_SMALL_BATCH_TC=$2 timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $1 -p 256 -g 16 -r 1 > $OUT/profile-b$1-sb$2.txt 2>&1
+  echo "== profile, $1 rows, small-batch=$2 rc=$?"; grep -v "^\s*$" $OUT/profile-b$1-sb$2.txt | head -70
 done
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt

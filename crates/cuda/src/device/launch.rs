@@ -1514,6 +1514,9 @@ struct AttentionShape {
 
 fn attention_shape(graph: &Graph, i: usize) -> Option<AttentionShape> {
     let node = &graph.nodes[i];
+    if !matches!(node.op, Op::Attention { .. } | Op::PagedAttention { .. }) {
+        return None;
+    }
     let shape = |k: usize| &graph.node(node.inputs[k]).shape;
     let (sq, sk, sv) = (shape(0), shape(1), shape(2));
     let (hkv, s, dv, pages) = match node.op {
@@ -1699,4 +1702,51 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
     let splits = decode_attention_splits(graph, i)?;
     let a = attention_shape(graph, i)?;
     Some(a.b * a.hq * splits * (a.dv + 2) * 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlxcel_core::{DType, GraphBuilder};
+
+    /// Decode attention over dense caches and over a paged pool, between nodes of other ops.
+    fn decode_graph() -> Graph {
+        let mut b = GraphBuilder::default();
+        let q = b.input("q", DType::F16, &[2, 8, 1, 128]);
+        let len = b.input("len", DType::I32, &[2]);
+        let k = b.state("k", DType::F16, &[2, 2, 64, 128]);
+        let dense = b.attention(q, k, k, len, 0.1, true, None, None).unwrap();
+        let pool = b.state("pool", DType::F16, &[96, 2, 128]);
+        let table = b.input("table", DType::I32, &[2, 3]);
+        let paged = b
+            .paged_attention(q, pool, pool, len, table, 16, 0.1, true, None, None)
+            .unwrap();
+        let sum = b.add(dense, paged).unwrap();
+        b.finish(&[sum])
+    }
+
+    #[test]
+    fn attention_planning_reads_both_layouts_and_ignores_other_nodes() {
+        let g = decode_graph();
+        let at = |op: &str| g.nodes.iter().position(|n| n.op.name() == op).unwrap();
+        // Every node is asked (the planner does); only the two attentions answer.
+        let answered: Vec<usize> = (0..g.nodes.len())
+            .filter(|&i| partials_scratch(&g, i).is_some())
+            .collect();
+        assert_eq!(answered, [at("attention"), at("paged_attention")]);
+        let (dense, paged) = (
+            attention_shape(&g, at("attention")).unwrap(),
+            attention_shape(&g, at("paged_attention")).unwrap(),
+        );
+        assert_eq!((dense.hkv, dense.s, dense.dv), (2, 64, 128));
+        assert!(dense.pages.is_none());
+        // A paged row holds its table's width of blocks: 3 · 16 positions, of 96 / 16 blocks.
+        assert_eq!((paged.hkv, paged.s, paged.dv), (2, 48, 128));
+        let p = paged.pages.unwrap();
+        assert_eq!((p.width, p.block_size, p.blocks), (3, 16, 6));
+        // Groups of 4 heads of 128: the grouped kernel, 4 channels a lane, for both.
+        assert_eq!(gqa_decode_kernel(&g, at("attention")), Some(4));
+        assert_eq!(gqa_decode_kernel(&g, at("paged_attention")), Some(4));
+        assert!(flash_prefill_kernel(&g, at("paged_attention")).is_none());
+    }
 }
