@@ -809,3 +809,178 @@ TC_GATHER(bf16, BF16)
   }
 TC_GATHER_GLU(f16, F16)
 TC_GATHER_GLU(bf16, BF16)
+
+// ---- A few rows of x by 4-bit weights on the tensor cores (a batched decode step) -----------
+// y [rows, n] = x [rows, k] · dequant(w)ᵀ for 2 to 64 rows of f16/bf16 x in NT tiles of 8 rows,
+// n a multiple of 16, k of 128, groups multiples of 32 dividing k: each weight is read once for
+// all the rows. Block (128 weight rows, split of k) of 4 warps; warp w takes rows 32w .. 32w + 31
+// as two 16-row tiles over its split's chunks of 128 values. Lane (g, t) loads run t (16 bytes)
+// of rows g and g + 8 of each tile and makes each nibble pair (e, e + 4) two values of x's
+// dtype: the exact off + q of one LOP3, less off, then q · scale + bias rounded once (as the
+// cuBLAS path expands a weight). They are the A operand of mma.m16n8k16 (f32 accumulation);
+// x, staged a chunk at a time in shared memory with each 8 values in the pairs' order
+// (0,4,1,5,2,6,3,7), is B, 8 rows of x a tile. The next chunk's weights and scales are requested
+// before this chunk's products. With several splits (gridDim.y) each writes f32 partials
+// part [split, rows, n], which qmm_rows_sum adds in split order.
+#define QR_ROWS 128   // weight rows a block
+#define QR_STRIDE 20  // uint4 a staged row of x: 16, and 4 of padding (conflict-free fragment loads)
+
+template <class X> struct Pair;
+template <> struct Pair<F16> {
+  static __device__ __forceinline__ unsigned fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+};
+template <> struct Pair<BF16> {
+  static __device__ __forceinline__ unsigned fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+};
+// v rounded to X, in both halves of a register.
+template <class X> __device__ __forceinline__ unsigned pair_of(float v) {
+  typename X::T h[1];
+  X::st(h, 0, v);
+  return (unsigned)h[0] * 0x10001u;
+}
+// The raw bits of element i of a float array of dtype dt (0 f32, 1 f16, 2 bf16), and back: the
+// load issues where the value is asked for, the conversion where it is used.
+__device__ __forceinline__ unsigned ld_bits(const void* p, int dt, i64 i) {
+  return dt == 0 ? ((const unsigned*)p)[i] : (unsigned)((const unsigned short*)p)[i];
+}
+__device__ __forceinline__ float bits_float(unsigned u, int dt) {
+  if (dt == 0) return __uint_as_float(u);
+  const unsigned short h = (unsigned short)u;
+  return dt == 1 ? F16::ld(&h, 0) : BF16::ld(&h, 0);
+}
+
+template <class X, int NT>
+__device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const void* s, const void* z, int sdt,
+                                         void* y, int ydt, float* part, i64 rows, i64 n, i64 k, int group,
+                                         i64 per_split) {
+  typedef TensorCore<X> TC;
+  typedef Pair<X> P;
+  __shared__ uint4 xs[8 * NT * QR_STRIDE];  // [row][word j][run t]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const i64 wrow = k / 8, groups = k / group, chunks = k / 128;
+  const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < chunks ? c0 + per_split : chunks;
+  i64 base[2], ra[2], rb[2];
+  bool live[2];
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    base[m] = (i64)blockIdx.x * QR_ROWS + warp * 32 + m * 16;
+    live[m] = base[m] < n;  // n is a multiple of 16: a tile is all in or all out
+    ra[m] = live[m] ? base[m] + g : 0;
+    rb[m] = live[m] ? base[m] + g + 8 : 0;
+  }
+  uint4 q[2][2];          // [tile][row g, g + 8]: run t of the chunk
+  unsigned sb[2][2][2];   // [tile][row][scale, bias] bits
+  auto fetch = [&](i64 c) {
+    const i64 gi = (c * 128 + 32 * t) / group;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+      q[m][0] = __ldcs((const uint4*)(w + ra[m] * wrow) + c * 4 + t);
+      q[m][1] = __ldcs((const uint4*)(w + rb[m] * wrow) + c * 4 + t);
+      sb[m][0][0] = ld_bits(s, sdt, ra[m] * groups + gi);
+      sb[m][0][1] = ld_bits(z, sdt, ra[m] * groups + gi);
+      sb[m][1][0] = ld_bits(s, sdt, rb[m] * groups + gi);
+      sb[m][1][1] = ld_bits(z, sdt, rb[m] * groups + gi);
+    }
+  };
+  float acc[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
+  const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
+  if (c0 < c1) fetch(c0);
+  for (i64 c = c0; c < c1; c++) {
+    __syncthreads();  // the last chunk's fragments are read
+    for (int i = threadIdx.x; i < 8 * NT * 16; i += blockDim.x) {
+      const int r = i >> 4, u = i & 15;  // row, 8-value word u = 4 · run + j
+      const uint4 v = r < rows ? ((const uint4*)x)[r * wrow + c * 16 + u] : make_uint4(0, 0, 0, 0);
+      xs[r * QR_STRIDE + (u & 3) * 4 + (u >> 2)] =
+          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                     __byte_perm(v.y, v.w, 0x7632));
+    }
+    __syncthreads();
+    uint4 cur[2][2];
+    unsigned sc[2][2], bi[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        cur[m][r] = q[m][r];
+        sc[m][r] = pair_of<X>(bits_float(sb[m][r][0], sdt));
+        bi[m][r] = pair_of<X>(bits_float(sb[m][r][1], sdt));
+      }
+    if (c + 1 < c1) fetch(c + 1);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      // A: tile m, nibble pairs (0,4)/(1,5) (h = 0) or (2,6)/(3,7) (h = 1) of word j.
+      unsigned a[2][2][4];
+#pragma unroll
+      for (int m = 0; m < 2; m++) {
+        const unsigned wa = ((const unsigned*)&cur[m][0])[j], wb = ((const unsigned*)&cur[m][1])[j];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int sh = 8 * h;
+          a[m][h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
+          a[m][h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
+          a[m][h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
+          a[m][h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NT; i++) {
+        const uint4 b = xs[(i * 8 + g) * QR_STRIDE + j * 4 + t];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+          TC::mma(acc[m][i], a[m][0], b.x, b.y);
+          TC::mma(acc[m][i], a[m][1], b.z, b.w);
+        }
+      }
+    }
+  }
+  // Lane (g, t) holds rows g and g + 8 of each tile for rows 2t and 2t + 1 of each x tile.
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    if (!live[m]) continue;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const i64 xr = i * 8 + 2 * t + (e & 1), wr = base[m] + g + 8 * (e >> 1);
+        if (xr >= rows) continue;
+        if (part) part[(blockIdx.y * rows + xr) * n + wr] = acc[m][i][e];
+        else stf(y, ydt, xr * n + wr, acc[m][i][e]);
+      }
+    }
+  }
+}
+#define QMM_ROWS(XN, X, NT)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(128) qmm_rows_##XN##_##NT(                                            \
+      const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
+      i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
+    qmm_rows<X, NT>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                                     \
+  }
+QMM_ROWS(f16, F16, 1)
+QMM_ROWS(f16, F16, 2)
+QMM_ROWS(f16, F16, 4)
+QMM_ROWS(f16, F16, 8)
+QMM_ROWS(bf16, BF16, 1)
+QMM_ROWS(bf16, BF16, 2)
+QMM_ROWS(bf16, BF16, 4)
+QMM_ROWS(bf16, BF16, 8)
+
+// y [count] (dtype ydt) = the sum of qmm_rows's split partials part [splits, count], in order.
+extern "C" __global__ void qmm_rows_sum(const float* part, i64 splits, i64 count, void* y, int ydt) {
+  for (i64 i = gid(); i < count; i += gstride()) {
+    float v = 0.0f;
+    for (i64 sp = 0; sp < splits; sp++) v += part[sp * count + i];
+    stf(y, ydt, i, v);
+  }
+}

@@ -40,19 +40,18 @@ extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64
 // weight tile dequantized to x's dtype (as the cuBLAS path expands it) in shared memory, then
 // warp w takes pairs 16w .. 16w + 15 against all 64 rows with mma.m16n8k16, f32 accumulation.
 // Each thread moves words c = tid % 8 of rows tid / 8 + 16j (j < 4) of both tiles, and requests
-// the next chunk's before the tensor cores run on this one. Without order and offsets (null) it
-// is a dense product of `rows` rows of x by one weight (a small batch; experts = 1).
+// the next chunk's before the tensor cores run on this one.
 #define GQ_T 64
 template <class X>
 __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z,
                                             int sdt, const int* order, const int* offsets, void* y, int ydt, i64 top,
-                                            i64 n, i64 k, int group, i64 rows) {
+                                            i64 n, i64 k, int group) {
   typedef TensorCore<X> TC;
   union Word { uint4 u; typename X::T h[8]; };
   __shared__ __align__(16) unsigned short xs[GQ_T][GQ_T + 8];  // 16 bytes of padding a row: no
   __shared__ __align__(16) unsigned short ws[GQ_T][GQ_T + 8];  // bank conflicts on fragments
   const i64 e = blockIdx.y, n0 = (i64)blockIdx.x * GQ_T;
-  const int begin = offsets ? offsets[e] : 0, end = offsets ? offsets[e + 1] : (int)rows;
+  const int begin = offsets[e], end = offsets[e + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const i64 wrow = k / 8, groups = k / group;
@@ -67,7 +66,7 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
       const int m = m0 + r0 + 16 * j;
       xp[j] = nullptr;
       if (m < end) {
-        const i64 p = order ? order[m] : m, xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
+        const i64 p = order[m], xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
         xp[j] = (const unsigned short*)x + xr * k + 8 * c;
       }
     }
@@ -119,7 +118,7 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
     for (int h = 0; h < 2; h++) {
       const int m = m0 + 16 * warp + g + 8 * h;
       if (m >= end) continue;
-      const i64 p = order ? order[m] : m;
+      const i64 p = order[m];
 #pragma unroll
       for (int j = 0; j < GQ_T / 8; j++) {
         const i64 col = n0 + 8 * j + 2 * tq;
@@ -135,8 +134,8 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
 #define GROUPED_QMM(XN, X)                                                                                             \
   extern "C" __global__ void __launch_bounds__(128) grouped_qmm_##XN(                                                  \
       const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
-      const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group, i64 rows) {                              \
-    grouped_qmm<X>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group, rows);                           \
+      const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                                        \
+    grouped_qmm<X>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group);                                 \
   }
 GROUPED_QMM(f16, F16)
 GROUPED_QMM(bf16, BF16)

@@ -710,15 +710,24 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             cases.push(c.finish(&[y], accumulation(256)));
         }
     }
-    // Batched decode steps: a few rows to a full tile of 64 (CUDA's small-batch path, when on),
-    // 80 outputs (a partial tile).
+    // Batched decode steps, 2 to 64 rows (CUDA: qmm_rows, tiles of 8 rows of x, k split when n is
+    // narrow; its 128-row blocks partly past n): each tile count, every group size.
     for &dt in &[F16, BF16] {
-        for rows in [3usize, 64] {
-            let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g64/batch/{rows}x256/n80"));
-            let x = c.input("x", dt, &[rows, 256], 1.0)?;
-            let [w, s, b] = c.quantized("proj", &[80], 256, (4, 64), dt)?;
-            let y = c.b.quantized_matmul(x, w, s, b, 4, 64)?;
-            cases.push(c.finish(&[y], accumulation(256)));
+        for (rows, k, n, group) in [
+            (2usize, 256usize, 80usize, 64usize),
+            (3, 256, 80, 64),
+            (8, 1024, 48, 32),
+            (9, 512, 144, 128),
+            (16, 384, 16, 32),
+            (33, 1024, 160, 64),
+            (64, 256, 80, 64),
+            (64, 2048, 32, 64),
+        ] {
+            let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g{group}/batch/{rows}x{k}/n{n}"));
+            let x = c.input("x", dt, &[rows, k], 1.0)?;
+            let [w, s, b] = c.quantized("proj", &[n], k, (4, group), dt)?;
+            let y = c.b.quantized_matmul(x, w, s, b, 4, group)?;
+            cases.push(c.finish(&[y], accumulation(k)));
         }
     }
     // Decode-shaped products: one row of x, k a multiple of 128 (what CUDA's tensor-core GEMV

@@ -315,31 +315,38 @@ pub fn node(
     let input = |k: usize| graph.node(node.inputs[k]);
     let n = node.shape.iter().product::<usize>();
     let ni = n as i64;
-    if let Some(name) = small_batch_kernel(graph, i) {
-        // A few rows (a batched decode step): grouped.cu's kernel as one dense product.
-        let (x, w) = (input(0), input(1));
-        let (k, nn) = (*x.shape.last().unwrap(), w.shape[0]);
-        let Op::QuantizedMatMul { group_size, .. } = node.op else {
-            unreachable!()
-        };
+    if let Some(q) = qmm_rows_plan(graph, i) {
+        // A few rows (a batched decode step): every weight read once for all of them.
+        let part = if q.splits > 1 { scratch } else { 0 };
         let args = [
             Ptr(ptr(0)),
-            I64(1),
             Ptr(ptr(1)),
             Ptr(ptr(2)),
             Ptr(ptr(3)),
             I32(fcode(input(2).dtype)?),
-            Ptr(0),
-            Ptr(0),
             Ptr(out),
             I32(fcode(node.dtype)?),
-            I64(1),
-            I64(nn as i64),
-            I64(k as i64),
-            I32(group_size as i32),
-            I64((x.shape.iter().product::<usize>() / k) as i64),
+            Ptr(part),
+            I64(q.rows as i64),
+            I64(q.n as i64),
+            I64(q.k as i64),
+            I32(q.group as i32),
+            I64(q.per_split as i64),
         ];
-        return gpu.launch_grid(name, (nn.div_ceil(64) as u32, 1), 128, 0, &args);
+        let grid = (q.n.div_ceil(QR_ROWS) as u32, q.splits as u32);
+        gpu.launch_grid(q.name, grid, 128, 0, &args)?;
+        if q.splits == 1 {
+            return Ok(());
+        }
+        let count = q.rows * q.n;
+        let sum = [
+            Ptr(scratch),
+            I64(q.splits as i64),
+            I64(count as i64),
+            Ptr(out),
+            I32(fcode(node.dtype)?),
+        ];
+        return gpu.launch("qmm_rows_sum", blocks(count), THREADS, 0, &sum);
     }
     if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)?
     {
@@ -651,7 +658,6 @@ pub fn node(
                     I64(nn as i64),
                     I64(k as i64),
                     I32(*group_size as i32),
-                    I64(0),
                 ];
                 return gpu.launch_grid(name, (nn.div_ceil(64) as u32, experts as u32), 128, 0, &grouped);
             }
@@ -1337,7 +1343,7 @@ fn gemm_plan(graph: &Graph, i: usize) -> Option<Gemm> {
         (x.dtype, node.dtype),
         (F32, F32) | (F16, F16) | (F16, F32) | (BF16, BF16) | (BF16, F32)
     );
-    if rows <= GEMV_ROWS || !types_ok || k == 0 {
+    if rows <= GEMV_ROWS || !types_ok || k == 0 || qmm_rows_plan(graph, i).is_some() {
         return None;
     }
     match node.op {
@@ -1596,40 +1602,106 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let pairs: usize = graph.node(node.inputs[4]).shape.iter().product();
     let k = *x.shape.last()?;
     let fits = pairs > GATHER_GEMV_PAIRS && pairs < i32::MAX as usize && w.shape[0] <= 1024;
-    fits.then(|| grouped_qmm_name(x.dtype, k, group_size)).flatten()
-}
-
-/// grouped.cu's kernel for x of `dtype` (f16/bf16), k a multiple of 64, groups of a multiple of 8
-/// that divide k.
-fn grouped_qmm_name(dtype: mlxcel_core::DType, k: usize, group_size: usize) -> Option<&'static str> {
-    use mlxcel_core::DType;
-    let fits = k.is_multiple_of(64) && group_size.is_multiple_of(8) && k.is_multiple_of(group_size);
-    match dtype {
-        DType::F16 if fits => Some("grouped_qmm_f16"),
-        DType::BF16 if fits => Some("grouped_qmm_bf16"),
+    let shape_fits = k.is_multiple_of(64) && group_size.is_multiple_of(8) && k.is_multiple_of(group_size);
+    match x.dtype {
+        mlxcel_core::DType::F16 if fits && shape_fits => Some("grouped_qmm_f16"),
+        mlxcel_core::DType::BF16 if fits && shape_fits => Some("grouped_qmm_bf16"),
         _ => None,
     }
 }
 
-/// `MLXCEL_SMALL_BATCH_TC=1`: a 4-bit product of 2 to 64 rows of f16/bf16 x (a batched decode
-/// step) on grouped.cu's tensor-core kernel, instead of the 8-row CUDA-core GEMV or cuBLAS after
-/// expanding the weight. Off by default: not yet measured.
-fn small_batch_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+/// Weight rows a qmm_rows block takes (gemv.cu, QR_ROWS).
+const QR_ROWS: usize = 128;
+
+/// A product qmm_rows (gemv.cu) takes, and its launch.
+pub(crate) struct QmmRows {
+    name: &'static str,
+    rows: usize,
+    n: usize,
+    k: usize,
+    group: usize,
+    /// Splits of k (blocks along the grid's y), each of `per_split` 128-value chunks.
+    splits: usize,
+    per_split: usize,
+}
+
+/// The qmm_rows kernel for `rows` rows of x (`dtype`) by an n x k 4-bit weight, where it applies:
+/// 2 to 64 rows (a batched decode step) of f16/bf16 x, n a multiple of 16, k of 128, groups of
+/// a multiple of 32 that divide k. `MLXCEL_SMALL_BATCH_TC=0` keeps the 8-row CUDA-core GEMV and
+/// cuBLAS after expanding the weight, for comparison.
+pub(crate) fn qmm_rows_kernel(
+    dtype: mlxcel_core::DType,
+    bits: u32,
+    group: usize,
+    rows: usize,
+    n: usize,
+    k: usize,
+) -> Option<&'static str> {
+    use mlxcel_core::DType;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !switch(&ON, "MLXCEL_SMALL_BATCH_TC", false) {
+    let fits = bits == 4
+        && (2..=64).contains(&rows)
+        && n.is_multiple_of(16)
+        && k.is_multiple_of(128)
+        && group.is_multiple_of(32)
+        && k.is_multiple_of(group);
+    if !fits || !switch(&ON, "MLXCEL_SMALL_BATCH_TC", true) {
         return None;
     }
+    let f16 = match dtype {
+        DType::F16 => true,
+        DType::BF16 => false,
+        _ => return None,
+    };
+    // Tiles of 8 rows of x: 1, 2, 4 or 8 of them.
+    Some(match (f16, rows.div_ceil(8).next_power_of_two()) {
+        (true, 1) => "qmm_rows_f16_1",
+        (true, 2) => "qmm_rows_f16_2",
+        (true, 4) => "qmm_rows_f16_4",
+        (true, _) => "qmm_rows_f16_8",
+        (false, 1) => "qmm_rows_bf16_1",
+        (false, 2) => "qmm_rows_bf16_2",
+        (false, 4) => "qmm_rows_bf16_4",
+        (false, _) => "qmm_rows_bf16_8",
+    })
+}
+
+/// Node `i` as qmm_rows takes it: k split so that about two blocks run on each SM (the 132 of an
+/// H200), at most 8 ways (each split's partials are a rows x n f32 array to add).
+pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let node = &graph.nodes[i];
-    let Op::QuantizedMatMul { bits: 4, group_size } = node.op else {
+    let Op::QuantizedMatMul { bits, group_size } = node.op else {
         return None;
     };
-    let x = graph.node(node.inputs[0]);
+    let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
     let k = *x.shape.last()?;
     let rows = x.shape.iter().product::<usize>() / k.max(1);
-    (2..=64)
-        .contains(&rows)
-        .then(|| grouped_qmm_name(x.dtype, k, group_size))
-        .flatten()
+    let n = *w.shape.first()?;
+    let same_scales = graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype;
+    let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k).filter(|_| same_scales)?;
+    let chunks = k / 128;
+    let wanted = 264usize.div_ceil(n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
+    let per_split = chunks.div_ceil(wanted);
+    Some(QmmRows {
+        name,
+        rows,
+        n,
+        k,
+        group: group_size,
+        splits: chunks.div_ceil(per_split),
+        per_split,
+    })
+}
+
+/// Scratch node `i` needs while it runs, which every node of a graph shares (one runs at a
+/// time): qmm_rows's split partials, or (with cuBLAS) the weight expanded for GemmEx.
+pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool) -> usize {
+    match qmm_rows_plan(graph, i) {
+        Some(q) if q.splits > 1 => q.splits * q.rows * q.n * 4,
+        Some(_) => 0,
+        None if blas => gemm_scratch_bytes(graph, i),
+        None => 0,
+    }
 }
 
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
@@ -1748,5 +1820,60 @@ mod tests {
         assert_eq!(gqa_decode_kernel(&g, at("attention")), Some(4));
         assert_eq!(gqa_decode_kernel(&g, at("paged_attention")), Some(4));
         assert!(flash_prefill_kernel(&g, at("paged_attention")).is_none());
+    }
+}
+
+#[cfg(test)]
+mod qmm_rows_tests {
+    use super::*;
+    use mlxcel_core::{DType, GraphBuilder, HostTensor};
+
+    /// A product of `rows` rows of f16 x by a 4-bit group-64 n x k weight (zeros: planning
+    /// looks at shapes).
+    fn product(rows: usize, n: usize, k: usize) -> Graph {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[rows, k]);
+        let w = b.parameter(
+            "w",
+            HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
+        );
+        let s = b.parameter(
+            "s",
+            HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
+        );
+        let y = b.quantized_matmul(x, w, s, s, 4, 64).unwrap();
+        b.finish(&[y])
+    }
+
+    fn plan(rows: usize, n: usize, k: usize) -> Option<QmmRows> {
+        let g = product(rows, n, k);
+        let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
+        qmm_rows_plan(&g, i)
+    }
+
+    #[test]
+    fn a_few_rows_take_qmm_rows_with_k_split_for_narrow_weights() {
+        assert!(plan(1, 4096, 4096).is_none(), "one row is the GEMV's");
+        assert!(plan(65, 4096, 4096).is_none(), "past 64 rows is cuBLAS's");
+        assert!(plan(8, 4100, 4096).is_none(), "n must be whole 16-row tiles");
+        let q = plan(8, 4096, 4096).unwrap();
+        assert_eq!(q.name, "qmm_rows_f16_1");
+        // 32 blocks of 128 rows: 8 splits of the 32 chunks for about two blocks an SM.
+        assert_eq!((q.splits, q.per_split), (8, 4));
+        let q = plan(64, 14336, 4096).unwrap();
+        assert_eq!((q.name, q.splits, q.per_split), ("qmm_rows_f16_8", 3, 11));
+        // A wide weight (the LM head) needs no split, so no partials.
+        let q = plan(33, 128256, 4096).unwrap();
+        assert_eq!((q.name, q.splits), ("qmm_rows_f16_8", 1));
+        let g = product(33, 128256, 4096);
+        let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
+        assert_eq!(
+            shared_scratch_bytes(&g, i, true),
+            0,
+            "no expanded weight for cuBLAS either"
+        );
+        let g = product(64, 4096, 4096);
+        let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
+        assert_eq!(shared_scratch_bytes(&g, i, true), 8 * 64 * 4096 * 4);
     }
 }

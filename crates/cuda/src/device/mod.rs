@@ -458,6 +458,7 @@ impl Session for CudaSession {
         let mut scratch = HashMap::new();
         let mut scratch_bufs = Vec::new();
         let mut gemm_scratch = 0;
+        let blas = self.gpu.blas.is_some();
         for (i, node) in graph.nodes.iter().enumerate() {
             match &node.op {
                 Op::State { .. } => {
@@ -481,14 +482,12 @@ impl Session for CudaSession {
                 scratch.insert(i, self.gpu.ptr(&buf));
                 scratch_bufs.push(buf);
             }
-            if self.gpu.blas.is_some() {
-                gemm_scratch = gemm_scratch.max(launch::gemm_scratch_bytes(graph, i));
-            }
+            gemm_scratch = gemm_scratch.max(launch::shared_scratch_bytes(graph, i, blas));
         }
         if gemm_scratch > 0 {
             let buf = self.gpu.alloc(gemm_scratch)?;
             for (i, _) in graph.nodes.iter().enumerate() {
-                if launch::gemm_scratch_bytes(graph, i) > 0 {
+                if launch::shared_scratch_bytes(graph, i, blas) > 0 {
                     scratch.insert(i, self.gpu.ptr(&buf));
                 }
             }
