@@ -819,8 +819,9 @@ TC_GATHER_GLU(bf16, BF16)
 // dtype: the exact off + q of one LOP3, less off, then q · scale + bias rounded once (as the
 // cuBLAS path expands a weight). They are the A operand of mma.m16n8k16 (f32 accumulation);
 // x, staged a chunk at a time in shared memory with each 8 values in the pairs' order
-// (0,4,1,5,2,6,3,7), is B, 8 rows of x a tile. The next chunk's weights and scales are requested
-// before this chunk's products. With several splits (gridDim.y) each writes f32 partials
+// (0,4,1,5,2,6,3,7), is B, 8 rows of x a tile. The next chunk's weights, scales and x are
+// requested before this chunk's products (x into the other of two buffers: one barrier a
+// chunk, and no wait on x's load at each). With several splits (gridDim.y) each writes f32 partials
 // part [split, rows, n], which qmm_rows_sum adds in split order.
 #define QR_ROWS 128   // weight rows a block
 #define QR_STRIDE 20  // uint4 a staged row of x: 16, and 4 of padding (conflict-free fragment loads)
@@ -857,13 +858,13 @@ __device__ __forceinline__ float bits_float(unsigned u, int dt) {
   return dt == 1 ? F16::ld(&h, 0) : BF16::ld(&h, 0);
 }
 
-template <class X, int NT>
+template <class X, int NT, bool AHEAD>
 __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const void* s, const void* z, int sdt,
                                          void* y, int ydt, float* part, i64 rows, i64 n, i64 k, int group,
                                          i64 per_split) {
   typedef TensorCore<X> TC;
   typedef Pair<X> P;
-  __shared__ uint4 xs[8 * NT * QR_STRIDE];  // [row][word j][run t]
+  __shared__ uint4 xs[2][8 * NT * QR_STRIDE];  // two chunks of x, each [row][word j][run t]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 wrow = k / 8, groups = k / group, chunks = k / 128;
   const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < chunks ? c0 + per_split : chunks;
@@ -890,23 +891,45 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
       sb[m][1][1] = ld_bits(z, sdt, rb[m] * groups + gi);
     }
   };
+  // x a chunk at a time: NT 8-value words a thread (8 · NT rows of 16), loaded into registers a
+  // chunk ahead and stored reordered into the buffer the next chunk reads.
+  uint4 xr[NT];
+  auto xload = [&](i64 c) {
+#pragma unroll
+    for (int e = 0; e < NT; e++) {
+      const int i = threadIdx.x + 128 * e, r = i >> 4, u = i & 15;  // row, word u = 4 · run + j
+      xr[e] = r < rows ? ((const uint4*)x)[r * wrow + c * 16 + u] : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto xstore = [&](uint4* buf) {
+#pragma unroll
+    for (int e = 0; e < NT; e++) {
+      const int i = threadIdx.x + 128 * e, r = i >> 4, u = i & 15;
+      const uint4 v = xr[e];
+      buf[r * QR_STRIDE + (u & 3) * 4 + (u >> 2)] =
+          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                     __byte_perm(v.y, v.w, 0x7632));
+    }
+  };
   float acc[2][NT][4];
 #pragma unroll
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < NT; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
   const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
-  if (c0 < c1) fetch(c0);
+  if (c0 < c1) {
+    fetch(c0);
+    xload(c0);
+    xstore(xs[0]);
+  }
+  __syncthreads();
   for (i64 c = c0; c < c1; c++) {
-    __syncthreads();  // the last chunk's fragments are read
-    for (int i = threadIdx.x; i < 8 * NT * 16; i += blockDim.x) {
-      const int r = i >> 4, u = i & 15;  // row, 8-value word u = 4 · run + j
-      const uint4 v = r < rows ? ((const uint4*)x)[r * wrow + c * 16 + u] : make_uint4(0, 0, 0, 0);
-      xs[r * QR_STRIDE + (u & 3) * 4 + (u >> 2)] =
-          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                     __byte_perm(v.y, v.w, 0x7632));
+    if (!AHEAD && c > c0) {  // x staged here, its load waited on (for comparison)
+      xload(c);
+      xstore(xs[0]);
+      __syncthreads();
     }
-    __syncthreads();
+    const uint4* xb = xs[AHEAD ? (c - c0) & 1 : 0];
     uint4 cur[2][2];
     unsigned sc[2][2], bi[2][2];
 #pragma unroll
@@ -917,7 +940,11 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
         sc[m][r] = pair_of<X>(bits_float(sb[m][r][0], sdt));
         bi[m][r] = pair_of<X>(bits_float(sb[m][r][1], sdt));
       }
-    if (c + 1 < c1) fetch(c + 1);
+    const bool more = c + 1 < c1;
+    if (more) {
+      fetch(c + 1);
+      if (AHEAD) xload(c + 1);
+    }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       // A: tile m, nibble pairs (0,4)/(1,5) (h = 0) or (2,6)/(3,7) (h = 1) of word j.
@@ -936,7 +963,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
       }
 #pragma unroll
       for (int i = 0; i < NT; i++) {
-        const uint4 b = xs[(i * 8 + g) * QR_STRIDE + j * 4 + t];
+        const uint4 b = xb[(i * 8 + g) * QR_STRIDE + j * 4 + t];
 #pragma unroll
         for (int m = 0; m < 2; m++) {
           TC::mma(acc[m][i], a[m][0], b.x, b.y);
@@ -944,6 +971,9 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
         }
       }
     }
+    // The other buffer was last read before the previous barrier.
+    if (more && AHEAD) xstore(xs[(c + 1 - c0) & 1]);
+    __syncthreads();
   }
   // Lane (g, t) holds rows g and g + 8 of each tile for rows 2t and 2t + 1 of each x tile.
 #pragma unroll
@@ -961,11 +991,18 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
     }
   }
 }
+// qmm_rows_{x}_{NT}, and qmm_rows_{x}_{NT}_s, which stages x only when it reaches each chunk
+// (MLXCEL_QMM_AHEAD=0, for comparison).
 #define QMM_ROWS(XN, X, NT)                                                                                          \
   extern "C" __global__ void __launch_bounds__(128) qmm_rows_##XN##_##NT(                                            \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
       i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
-    qmm_rows<X, NT>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                                     \
+    qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                               \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128) qmm_rows_##XN##_##NT##_s(                                        \
+      const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
+      i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
+    qmm_rows<X, NT, false>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                              \
   }
 QMM_ROWS(f16, F16, 1)
 QMM_ROWS(f16, F16, 2)

@@ -1653,20 +1653,23 @@ pub(crate) fn qmm_rows_kernel(
         DType::BF16 => false,
         _ => return None,
     };
-    // Tiles of 8 rows of x: 1, 2, 4 or 8 of them.
-    Some(match (f16, rows.div_ceil(8).next_power_of_two()) {
-        (true, 1) => "qmm_rows_f16_1",
-        (true, 2) => "qmm_rows_f16_2",
-        (true, 4) => "qmm_rows_f16_4",
-        (true, _) => "qmm_rows_f16_8",
-        (false, 1) => "qmm_rows_bf16_1",
-        (false, 2) => "qmm_rows_bf16_2",
-        (false, 4) => "qmm_rows_bf16_4",
-        (false, _) => "qmm_rows_bf16_8",
-    })
+    // Tiles of 8 rows of x: 1, 2, 4 or 8 of them; `MLXCEL_QMM_AHEAD=0` stages x only when each
+    // chunk is reached (the `_s` variant, for comparison).
+    static AHEAD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let tiles = rows.div_ceil(8).next_power_of_two();
+    let name = format!(
+        "qmm_rows_{}_{tiles}{}",
+        if f16 { "f16" } else { "bf16" },
+        if switch(&AHEAD, "MLXCEL_QMM_AHEAD", true) {
+            ""
+        } else {
+            "_s"
+        }
+    );
+    Some(intern(name))
 }
 
-/// Node `i` as qmm_rows takes it: k split so that about two blocks run on each SM (the 132 of an
+/// Node `i` as qmm_rows takes it: k split so that up to two blocks run on each SM (the 132 of an
 /// H200), at most 8 ways (each split's partials are a rows x n f32 array to add).
 pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let node = &graph.nodes[i];
@@ -1680,7 +1683,9 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let same_scales = graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype;
     let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k).filter(|_| same_scales)?;
     let chunks = k / 128;
-    let wanted = 264usize.div_ceil(n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
+    // As many splits as keep the grid within one wave of two blocks an SM (a second, part-full
+    // wave would cost as much as the first).
+    let wanted = (264 / n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
     let per_split = chunks.div_ceil(wanted);
     Some(QmmRows {
         name,
@@ -1861,7 +1866,8 @@ mod qmm_rows_tests {
         // 32 blocks of 128 rows: 8 splits of the 32 chunks for about two blocks an SM.
         assert_eq!((q.splits, q.per_split), (8, 4));
         let q = plan(64, 14336, 4096).unwrap();
-        assert_eq!((q.name, q.splits, q.per_split), ("qmm_rows_f16_8", 3, 11));
+        // 112 blocks: 2 splits (224 blocks) fill one wave; 3 would spill into a second.
+        assert_eq!((q.name, q.splits, q.per_split), ("qmm_rows_f16_8", 2, 16));
         // A wide weight (the LM head) needs no split, so no partials.
         let q = plan(33, 128256, 4096).unwrap();
         assert_eq!((q.name, q.splits), ("qmm_rows_f16_8", 1));
