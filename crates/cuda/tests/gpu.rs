@@ -230,6 +230,12 @@ fn fused_decode_patterns_match_the_cpu_backend() {
                 let y = b.mul(g, u).unwrap();
                 let graph = b.finish(&[y, s]);
                 let out_dtype = graph.node(graph.outputs[0]).dtype;
+                // Three rows of 16-bit x by 4-bit weights are qmm_rows's, which rounds each
+                // weight to x's dtype as it expands it (as the cuBLAS path does): 2^-12 a weight,
+                // amplified where act(g) is large and u cancels (one f16 element of 288 was off
+                // by 0.0104 at 4x).
+                let rounded = rows > 1 && bits == 4 && act != DType::F32;
+                let factor = if rounded { 8.0 } else { 4.0 };
                 cases.push(OpCase {
                     name: format!("fused glu {act} w{wdt} bits {bits} rows {rows}"),
                     graph: passed(&graph),
@@ -238,7 +244,10 @@ fn fused_decode_patterns_match_the_cpu_backend() {
                         HostTensor::from_f32(act, &[1, rows, k], &noise(4, rows * k)).unwrap(),
                     ],
                     states: vec![],
-                    tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0), Tolerance::for_dtype(act)],
+                    tolerance: vec![
+                        Tolerance::for_dtype(out_dtype).scaled(factor),
+                        Tolerance::for_dtype(act),
+                    ],
                 });
             }
         }

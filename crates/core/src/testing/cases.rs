@@ -1112,6 +1112,8 @@ fn paged_attention(cases: &mut Vec<OpCase>) -> Result<()> {
         Paged { lens: &[70, 1], kv_heads: 2, gqa: 7, d: 64, t: 1, bs: 16, width: 8, window: None, softcap: None },
         Paged { lens: &[90, 200], kv_heads: 1, gqa: 4, d: 256, t: 1, bs: 16, width: 16, window: Some(50), softcap: Some(50.0) },
         Paged { lens: &[33], kv_heads: 4, gqa: 8, d: 128, t: 1, bs: 16, width: 4, window: None, softcap: None },
+        // A batched step of 16 rows (on CUDA: 128 groups take splits longer than 32 keys).
+        Paged { lens: &[320, 17, 200, 64, 1, 300, 129, 250, 33, 310, 96, 160, 5, 288, 77, 240], kv_heads: 8, gqa: 4, d: 128, t: 1, bs: 16, width: 20, window: None, softcap: None },
     ];
     for a in &variants {
         for &dt in &FLOATS {

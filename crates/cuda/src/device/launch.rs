@@ -1551,23 +1551,30 @@ fn attention_shape(graph: &Graph, i: usize) -> Option<AttentionShape> {
 }
 
 /// Splits of the cache for decode attention (one query position per head, head sizes up to 256):
-/// a split of `keys_per_split()` keys (32: eight a warp, so the serial chain of loads per warp
-/// stays short), at most 256, and enough blocks for every SM twice over.
+/// a split of 32 keys (eight a warp, so the serial chain of loads per warp stays short), at most
+/// 256 splits, and enough blocks for every SM twice over.
 fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     let a = attention_shape(graph, i)?;
     if a.t != 1 || a.d > 256 || a.dv > 256 {
         return None;
     }
-    let by_keys = a.s.div_ceil(keys_per_split());
-    // The grouped kernel splits by keys only: each block does a group's work, and more splits
-    // (to fill the GPU) measured slower (gemma3-1b: 346 tok/s by keys, 318 aiming at 132
-    // blocks). The per-head kernel also aims at a block for every SM twice over.
-    let min_splits = if gqa_decode_kernel(graph, i).is_some() {
-        1
-    } else {
-        264usize.div_ceil(a.b * a.hq)
-    };
-    Some(by_keys.max(min_splits).min(a.s).clamp(1, 256))
+    let by_keys = a.s.div_ceil(keys_per_split().unwrap_or(32));
+    if gqa_decode_kernel(graph, i).is_some() {
+        // The grouped kernel splits by keys only: each block does a group's work, and more
+        // splits (to fill the GPU) measured slower (gemma3-1b: 346 tok/s by keys, 318 aiming at
+        // 132 blocks). Many groups (a batched step) fill it with fewer, longer splits: about
+        // 1024 blocks, each split at most 512 keys (its scores live in shared memory), so the
+        // partials to merge shrink with the splits.
+        let fill = 1024usize.div_ceil(a.b * a.hkv).max(a.s.div_ceil(512));
+        let splits = if keys_per_split().is_some() {
+            by_keys
+        } else {
+            by_keys.min(fill)
+        };
+        return Some(splits.min(a.s).clamp(1, 256));
+    }
+    // The per-head kernel also aims at a block for every SM twice over.
+    Some(by_keys.max(264usize.div_ceil(a.b * a.hq)).min(a.s).clamp(1, 256))
 }
 
 /// The grouped-query decode attention kernel for node `i`, as its channels a lane, where it
@@ -1740,11 +1747,12 @@ fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     })
 }
 
-/// `MLXCEL_ATT_KEYS`: cache positions a decode-attention split takes (default 32, the best of
-/// 8/16/32/64 on llama-3.1-8b-4bit at context ~576; for tuning).
-fn keys_per_split() -> usize {
-    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *K.get_or_init(|| env_usize("MLXCEL_ATT_KEYS").filter(|&k| k >= 4).unwrap_or(32))
+/// `MLXCEL_ATT_KEYS`: cache positions every decode-attention split takes, batched or not (for
+/// tuning). Unset, a split takes 32 (the best of 8/16/32/64 on llama-3.1-8b-4bit at context
+/// ~576), and the grouped kernel takes longer ones in a batched step.
+fn keys_per_split() -> Option<usize> {
+    static K: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *K.get_or_init(|| env_usize("MLXCEL_ATT_KEYS").filter(|&k| k >= 4))
 }
 
 /// Rows and the blocks a row of argmax node `i` is split over, where its rows are long (the LM
@@ -1825,6 +1833,22 @@ mod tests {
         assert_eq!(gqa_decode_kernel(&g, at("attention")), Some(4));
         assert_eq!(gqa_decode_kernel(&g, at("paged_attention")), Some(4));
         assert!(flash_prefill_kernel(&g, at("paged_attention")).is_none());
+    }
+
+    #[test]
+    fn batched_steps_split_the_cache_less() {
+        // (rows, positions, splits): one row keeps 32 keys a split; 64 rows of 8 kv heads (512
+        // groups) take two splits for about 1024 blocks.
+        for (rows, positions, want) in [(1usize, 600usize, 19usize), (8, 272, 9), (64, 272, 2), (64, 4096, 8)] {
+            let mut b = GraphBuilder::default();
+            let q = b.input("q", DType::F16, &[rows, 32, 1, 128]);
+            let len = b.input("len", DType::I32, &[rows]);
+            let k = b.state("k", DType::F16, &[rows, 8, positions, 128]);
+            let y = b.attention(q, k, k, len, 0.1, true, None, None).unwrap();
+            let g = b.finish(&[y]);
+            let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+            assert_eq!(decode_attention_splits(&g, i), Some(want), "{rows} rows of {positions}");
+        }
     }
 }
 
