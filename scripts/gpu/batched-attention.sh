@@ -3,11 +3,6 @@
 # checked (op cases, fused patterns) and measured at 8 and 64 rows against 32 keys a split
 # everywhere (MLXCEL_ATT_KEYS=32), then serve's table. One file back: $OUT/report.txt.
 source "$(dirname "$0")/common.sh"
-batch() {
-  local n=$1; shift
-  env "$@" timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
-  echo "batch $n $* $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
-}
 {
 MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
 grep -E "test result|elements off|panicked|: " /tmp/tests.txt | grep -v "^\s*[0-9]*: " | head -30

@@ -20,6 +20,14 @@ bench() {
   echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
 }
 
+# batch N [VAR=VALUE ...]: serve's batched step of N rows on the 8B preset (rows as if prefilled
+# to 256 positions, 64 steps, 2 runs) under those variables: aggregate tok/s and ms a step.
+batch() {
+  local n=$1; shift
+  env "$@" timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
+  echo "batch $n $* $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
+}
+
 # The representative sweep of six presets (3 runs each) into /tmp/sweep.md, printed.
 sweep() {
   MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 240 bash scripts/bench_representative.sh -o /tmp/sweep.md \

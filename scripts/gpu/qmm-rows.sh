@@ -5,11 +5,6 @@
 # batch-1 decode of four presets (gemma3-1b against llama-3.2-1b, a dense model of about its
 # bytes a token), and serve's table. One file back: $OUT/report.txt (and serve's files).
 source "$(dirname "$0")/common.sh"
-batch() {
-  local n=$1; shift
-  env "$@" timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
-  echo "batch $n $* $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
-}
 {
 MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
 grep -E "test result|elements off|panicked|: " /tmp/tests.txt | grep -v "^\s*[0-9]*: " | head -30

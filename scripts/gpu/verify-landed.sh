@@ -8,12 +8,6 @@
 # $OUT/report.txt, and $OUT/profile-*.txt.
 # Stage as scripts/gpu/README.md says (the PTX precompiled into .gpu/extra too).
 source "$(dirname "$0")/common.sh"
-# batch N VAR=VALUE...: serve's step of N rows (256 positions in, 64 steps, 2 runs).
-batch() {
-  local n=$1; shift
-  env "$@" timeout 90 .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
-  echo "batch $n $* $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
-}
 {
 gpu_checks
 grep -E "qmm_rows|batch/|paged_attention" /tmp/tests.txt | head -5

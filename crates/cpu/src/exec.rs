@@ -90,12 +90,7 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
             window,
             softcap,
         } => {
-            let p = attention::Params {
-                scale: *scale,
-                causal: *causal,
-                window: *window,
-                softcap: *softcap,
-            };
+            let p = attention::Params::new(*scale, *causal, *window, *softcap);
             attention::attention(v(0), shape(0), v(1), v(2), shape(1), shape(2)[3], v(3), &p, o)
         }
         Op::PagedAttention {
@@ -105,12 +100,7 @@ pub fn execute(graph: &Graph, i: usize, ins: &[&[u8]], out: &mut [u8]) -> Result
             softcap,
             block_size,
         } => {
-            let p = attention::Params {
-                scale: *scale,
-                causal: *causal,
-                window: *window,
-                softcap: *softcap,
-            };
+            let p = attention::Params::new(*scale, *causal, *window, *softcap);
             let dv = shape(2)[2];
             let table = (v(4), shape(4));
             attention::paged_attention(

@@ -334,20 +334,7 @@ impl GraphBuilder {
                 format!("q {sq:?}, k {sk:?}, v {sv:?} do not fit [B, Hq, T, D] / [B, Hkv, S, D]"),
             ));
         }
-        if window == Some(0) {
-            return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
-        }
-        self.check_len(op, "kv_len", kv_len, sq[0])?;
-        self.check_latest(op, k)?;
-        self.check_latest(op, v)?;
-        if self.dtype(k) != self.dtype(v) {
-            return Err(Error::DType(format!(
-                "attention: k is {} but v is {}",
-                self.dtype(k),
-                self.dtype(v)
-            )));
-        }
-        let dtype = self.float_result(op, &[self.dtype(q), self.dtype(k)])?;
+        let dtype = self.attention_operands(op, [q, k, v], kv_len, sq[0], window)?;
         let shape = vec![sq[0], sq[1], sq[2], sv[3]];
         Ok(self.push(
             Op::Attention {
@@ -406,20 +393,7 @@ impl GraphBuilder {
                 format!("a pool of {} slots is not whole blocks of {block_size}", sk[0]),
             ));
         }
-        if window == Some(0) {
-            return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
-        }
-        self.check_len(op, "kv_len", kv_len, sq[0])?;
-        self.check_latest(op, k)?;
-        self.check_latest(op, v)?;
-        if self.dtype(k) != self.dtype(v) {
-            return Err(Error::DType(format!(
-                "paged_attention: k is {} but v is {}",
-                self.dtype(k),
-                self.dtype(v)
-            )));
-        }
-        let dtype = self.float_result(op, &[self.dtype(q), self.dtype(k)])?;
+        let dtype = self.attention_operands(op, [q, k, v], kv_len, sq[0], window)?;
         let shape = vec![sq[0], sq[1], sq[2], sv[2]];
         Ok(self.push(
             Op::PagedAttention {
@@ -434,6 +408,32 @@ impl GraphBuilder {
             dtype,
             op,
         ))
+    }
+
+    /// The checks both attentions make past their shapes (window, length, cache versions, k and
+    /// v of one dtype); the result's dtype.
+    fn attention_operands(
+        &self,
+        op: &'static str,
+        [q, k, v]: [NodeId; 3],
+        kv_len: NodeId,
+        batch: usize,
+        window: Option<usize>,
+    ) -> Result<DType> {
+        if window == Some(0) {
+            return Err(shape_err(op, "a sliding window of 0 keys attends to nothing"));
+        }
+        self.check_len(op, "kv_len", kv_len, batch)?;
+        self.check_latest(op, k)?;
+        self.check_latest(op, v)?;
+        if self.dtype(k) != self.dtype(v) {
+            return Err(Error::DType(format!(
+                "{op}: k is {} but v is {}",
+                self.dtype(k),
+                self.dtype(v)
+            )));
+        }
+        self.float_result(op, &[self.dtype(q), self.dtype(k)])
     }
 
     /// The state behind `x` if `x` is a state or a write to one.

@@ -12,6 +12,17 @@ pub struct Params {
     pub softcap: Option<f32>,
 }
 
+impl Params {
+    pub fn new(scale: f32, causal: bool, window: Option<usize>, softcap: Option<f32>) -> Params {
+        Params {
+            scale,
+            causal,
+            window,
+            softcap,
+        }
+    }
+}
+
 /// Largest value head dimension held on the stack per query row.
 const MAX_DV: usize = 512;
 /// Largest batch (sequences) per attention call.
