@@ -315,39 +315,6 @@ pub fn node(
     let input = |k: usize| graph.node(node.inputs[k]);
     let n = node.shape.iter().product::<usize>();
     let ni = n as i64;
-    if let Some(q) = qmm_rows_plan(graph, i) {
-        // A few rows (a batched decode step): every weight read once for all of them.
-        let part = if q.splits > 1 { scratch } else { 0 };
-        let args = [
-            Ptr(ptr(0)),
-            Ptr(ptr(1)),
-            Ptr(ptr(2)),
-            Ptr(ptr(3)),
-            I32(fcode(input(2).dtype)?),
-            Ptr(out),
-            I32(fcode(node.dtype)?),
-            Ptr(part),
-            I64(q.rows as i64),
-            I64(q.n as i64),
-            I64(q.k as i64),
-            I32(q.group as i32),
-            I64(q.per_split as i64),
-        ];
-        let grid = (q.n.div_ceil(QR_ROWS) as u32, q.splits as u32);
-        gpu.launch_grid(q.name, grid, 128, 0, &args)?;
-        if q.splits == 1 {
-            return Ok(());
-        }
-        let count = q.rows * q.n;
-        let sum = [
-            Ptr(scratch),
-            I64(q.splits as i64),
-            I64(count as i64),
-            Ptr(out),
-            I32(fcode(node.dtype)?),
-        ];
-        return gpu.launch("qmm_rows_sum", blocks(count), THREADS, 0, &sum);
-    }
     if matches!(node.op, Op::MatMul { .. } | Op::QuantizedMatMul { .. }) && try_gemm(gpu, graph, i, ptr, out, scratch)?
     {
         return Ok(());
@@ -544,6 +511,9 @@ pub fn node(
             gpu.launch(name, grid, THREADS, 0, &args)
         }
         Op::QuantizedMatMul { bits, group_size } => {
+            if let Some(q) = qmm_rows_plan(graph, i) {
+                return qmm_rows(gpu, graph, i, &q, ptr, out, scratch);
+            }
             let k = *input(0).shape.last().unwrap();
             let nn = input(1).shape[0];
             let m = input(0).shape.iter().product::<usize>() / k;
@@ -1615,6 +1585,53 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
         mlxcel_core::DType::BF16 if fits && shape_fits => Some("grouped_qmm_bf16"),
         _ => None,
     }
+}
+
+/// Launches qmm_rows for node `i` as planned in `q`, and with several splits the sum of their
+/// partials (in `scratch`).
+fn qmm_rows(
+    gpu: &Gpu,
+    graph: &Graph,
+    i: usize,
+    q: &QmmRows,
+    ptr: &dyn Fn(usize) -> u64,
+    out: u64,
+    scratch: u64,
+) -> Result<()> {
+    use Arg::{Ptr, I32, I64};
+    let node = &graph.nodes[i];
+    let scale_dtype = graph.node(node.inputs[2]).dtype;
+    // A few rows (a batched decode step): every weight read once for all of them.
+    let part = if q.splits > 1 { scratch } else { 0 };
+    let args = [
+        Ptr(ptr(0)),
+        Ptr(ptr(1)),
+        Ptr(ptr(2)),
+        Ptr(ptr(3)),
+        I32(fcode(scale_dtype)?),
+        Ptr(out),
+        I32(fcode(node.dtype)?),
+        Ptr(part),
+        I64(q.rows as i64),
+        I64(q.n as i64),
+        I64(q.k as i64),
+        I32(q.group as i32),
+        I64(q.per_split as i64),
+    ];
+    let grid = (q.n.div_ceil(QR_ROWS) as u32, q.splits as u32);
+    gpu.launch_grid(q.name, grid, 128, 0, &args)?;
+    if q.splits == 1 {
+        return Ok(());
+    }
+    let count = q.rows * q.n;
+    let sum = [
+        Ptr(scratch),
+        I64(q.splits as i64),
+        I64(count as i64),
+        Ptr(out),
+        I32(fcode(node.dtype)?),
+    ];
+    gpu.launch("qmm_rows_sum", blocks(count), THREADS, 0, &sum)
 }
 
 /// Weight rows a qmm_rows block takes (gemv.cu, QR_ROWS).
