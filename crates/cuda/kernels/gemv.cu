@@ -739,6 +739,245 @@ TC_QGEMV(bf16, BF16, _r0, )
 TC_QGLU(f16, F16)
 TC_QGLU(bf16, BF16)
 
+// ---- The same products with each warp's weights streamed through shared memory -----------------
+// tc_qdot has one chunk of a warp's weights in flight (in its registers) and drains at every
+// tile. Here a warp walks one sequence (its chunks of each of its block's tiles in turn) and
+// cp.async keeps the next `ring - 1` of it in flight in shared memory, scales and biases with
+// them, while the tensor cores run on the current one; a tile boundary does not stop the copies.
+// A matrix's share of a stage: 16 rows x 8 words of 16 bytes (word j of row r at slot
+// j ^ 4(r & 1), so the lanes of a quarter warp, reading words t and t + 4 of rows g and g + 1,
+// hit distinct banks), then the 16 rows' scales and their biases (srow bytes a row: the chunk's
+// 256 / group values). Scale rows must start on 4 bytes ((k / group) · size a multiple of 4).
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most n (0-7) of this thread's copy groups are pending.
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// One weight of a ring product: packed words, scales, biases.
+struct QMat {
+  const unsigned* w;
+  const void* s;
+  const void* z;
+};
+
+// The row tiles of up to three stacked products of one x (rows n[0], n[1], n[2] in turn, each a
+// multiple of 16 but the last): tile t's product and its first row there.
+struct Parts {
+  i64 n[3];
+  __device__ __forceinline__ int locate(i64 tile, i64* row0) const {
+    i64 r = tile * 16;
+    if (r < n[0]) { *row0 = r; return 0; }
+    r -= n[0];
+    if (r < n[1]) { *row0 = r; return 1; }
+    *row0 = r - n[1];
+    return 2;
+  }
+};
+
+// NM weights of one shape a tile (NM 2: a GLU's gate and up, mats[0] and mats[1]; NM 1:
+// mats[part] of three, one a part) applied to x [k] (given, or rms_norm(a + b) as NormIn says); epi(part,
+// row, out[0], out[NM - 1]) stores row `row` of the part (threads < 16). Dynamic shared memory: x staged as
+// tc_qdot stages it (2k + k/8 bytes, rounded up to 16), then each warp's `ring` stages.
+template <class X, int NM, class Epi>
+__device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const QMat* mats, const Parts& parts,
+                                         int sdt, i64 k, int group, int ring, Epi epi) {
+  typedef TensorCore<X> TC;
+  extern __shared__ float4 staged[];
+  uint4* xs = (uint4*)staged;
+  float* xsum = (float*)(staged + k / 8);
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;
+  const int ssz = sdt == 0 ? 4 : 2, srow = (256 / group) * ssz, mbytes = 2048 + 32 * srow;
+  unsigned char* base = (unsigned char*)staged + (2 * k + k / 8 + 15) / 16 * 16 + (i64)warp * ring * NM * mbytes;
+  const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
+  const bool half_last = k % 256 != 0;
+  const i64 tiles = (parts.n[0] + parts.n[1] + parts.n[2] + 15) / 16;
+  const i64 nc = (chunks - warp + warps - 1) / warps;  // this warp's chunks of a tile (warps <= chunks)
+  const i64 mytiles = tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const i64 items = mytiles * nc;
+  // Item f of the warp's sequence: tile blockIdx.x + (f / nc) · gridDim.x, chunk warp + (f % nc) · warps.
+  auto issue = [&](i64 f) {
+    if (f < items) {
+      const i64 tile = blockIdx.x + (f / nc) * gridDim.x, c = warp + (f % nc) * warps;
+      i64 row0;
+      const int part = parts.locate(tile, &row0);
+      const i64 n = parts.n[part];
+      const bool full = !half_last || c + 1 < chunks;
+      const int sw = (full ? srow : srow / 2) / 4;  // 4-byte words of a row's scales in this chunk
+      unsigned char* st = base + (f % ring) * NM * mbytes;
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        // (compile-time indices only: a run-time one would put mats in local memory)
+        const QMat q = NM == 2 ? mats[m] : part == 0 ? mats[0] : part == 1 ? mats[1] : mats[2];
+        unsigned char* sm = st + m * mbytes;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int idx = i * 32 + lane, r = idx >> 3, j = idx & 7;
+          const i64 row = row0 + r < n ? row0 + r : n - 1;
+          if (full || j < 4) cp_async16(sm + r * 128 + ((j ^ ((r & 1) << 2)) << 4), (const uint4*)(q.w + row * wrow) + c * 8 + j);
+        }
+        for (int i = lane; i < 16 * sw; i += 32) {
+          const int r = i / sw, j = i % sw;
+          const i64 row = row0 + r < n ? row0 + r : n - 1;
+          const i64 off = row * groups * ssz + c * srow + 4 * j;
+          cp_async4(sm + 2048 + r * srow + 4 * j, (const unsigned char*)q.s + off);
+          cp_async4(sm + 2048 + 16 * srow + r * srow + 4 * j, (const unsigned char*)q.z + off);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  for (int f = 0; f + 1 < ring; f++) issue(f);
+  tc_stage_x<X>(x, nin, k, xs, xsum);
+  __shared__ float wpart[TC_WARPS][NM][16];
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
+  const int lg0 = 2 * t * 32 / group, lg1 = (2 * t + 1) * 32 / group;  // this lane's groups in a chunk
+  for (i64 f = 0; f < items; f++) {
+    __syncwarp();  // every lane is done with the stage item f - 1 read, which the next copy takes
+    issue(f + ring - 1);
+    cp_async_wait(ring - 1);
+    __syncwarp();
+    const i64 c = warp + (f % nc) * warps;
+    const bool full = !half_last || c + 1 < chunks;
+    const i64 run = c * 8 + 2 * t;
+    const bool in = run < runs;
+    const unsigned char* st = base + (f % ring) * NM * mbytes;
+    float sc[NM][4], bi[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      const unsigned char* sp = st + m * mbytes + 2048;
+      const unsigned char* zp = sp + 16 * srow;
+      sc[m][0] = ldf(sp + g * srow, sdt, lg0);
+      sc[m][1] = ldf(sp + g * srow, sdt, lg1);
+      sc[m][2] = ldf(sp + (g + 8) * srow, sdt, lg0);
+      sc[m][3] = ldf(sp + (g + 8) * srow, sdt, lg1);
+      bi[m][0] = ldf(zp + g * srow, sdt, lg0);
+      bi[m][1] = ldf(zp + g * srow, sdt, lg1);
+      bi[m][2] = ldf(zp + (g + 8) * srow, sdt, lg0);
+      bi[m][3] = ldf(zp + (g + 8) * srow, sdt, lg1);
+    }
+    const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
+    float cc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      if (u == 1 && !full) break;  // uniform across the warp
+      const int slot = ((t + 4 * u) ^ ((g & 1) << 2)) << 4;
+      uint4 q[NM][2];
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        q[m][0] = *(const uint4*)(st + m * mbytes + g * 128 + slot);
+        q[m][1] = *(const uint4*)(st + m * mbytes + (g + 8) * 128 + slot);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+          const unsigned wa = ((const unsigned*)&q[m][0])[j], wb = ((const unsigned*)&q[m][1])[j];
+          unsigned a[4];
+          a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
+          a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
+          a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
+          a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
+          TC::mma(cc[m], a, xb.x, xb.y);
+          a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
+          a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
+          a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
+          a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
+          TC::mma(cc[m], a, xb.z, xb.w);
+        }
+      }
+    }
+    if (in) {
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
+        acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
+        acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
+        acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
+      }
+    }
+    if (f % nc == nc - 1) {  // the tile's last chunk of this warp: the block sums and stores it
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          float v = acc[m][h];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          if (t == 0) wpart[warp][m][g + 8 * h] = v;
+          acc[m][h] = 0.0f;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < 16) {
+        i64 row0;
+        const int part = parts.locate(blockIdx.x + (f / nc) * gridDim.x, &row0);
+        float out[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+          float v = 0.0f;
+          for (int i = 0; i < warps; i++) v += wpart[i][m][threadIdx.x];
+          out[m] = v;
+        }
+        if (row0 + threadIdx.x < parts.n[part]) epi(part, row0 + threadIdx.x, out[0], out[NM - 1]);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The ring variants of tc_qgemv, tc_qglu and tc_qgemv3: their parameter lists, then the stages a
+// warp has (1 to 8).
+#define TC_RING(XN, X)                                                                                                \
+  extern "C" __global__ void tc_qgemv_##XN##_4_ring(const void* x, int, const unsigned* w, const void* s,             \
+                                                   const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
+                                                   int group, int ring) {                                             \
+    const QMat mats[3] = {{w, s, z}, {w, s, z}, {w, s, z}};                                                                                 \
+    tc_qring<X, 1>(x, NormIn{}, mats, Parts{{n, 0, 0}}, sdt, k, group, ring,                                          \
+                   [&](int, i64 r, float o, float) { stf(y, ydt, r, o); });                                            \
+  }                                                                                                                   \
+  extern "C" __global__ void tc_qglu_##XN##_4_ring(                                                                   \
+      const void* x, int, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,     \
+      const void* zu, int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k, int group, NORM_IN_PARAMS,          \
+      int ring) {                                                                                                     \
+    const QMat mats[3] = {{wg, sg, zg}, {wu, su, zu}, {wu, su, zu}};                                                                \
+    tc_qring<X, 2>(x, NORM_IN, mats, Parts{{n, 0, 0}}, sdt, k, group, ring,                                           \
+                   [&](int, i64 r, float g, float u) { stf(y, ydt, r, glu_out(g, u, gdt, act)); });                    \
+  }                                                                                                                   \
+  extern "C" __global__ void tc_qgemv3_##XN##_4_ring(                                                                 \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, int ring) {                               \
+    const QMat mats[3] = {{w0, s0, z0}, {w1, s1, z1}, {w2, s2, z2}};                                                  \
+    tc_qring<X, 1>(x, NORM_IN, mats, Parts{{n0, n1, n2}}, sdt, k, group, ring,                                        \
+                   [&](int part, i64 r, float o, float) { stf(part == 0 ? y0 : part == 1 ? y1 : y2, ydt, r, o); });    \
+  }
+TC_RING(f16, F16)
+TC_RING(bf16, BF16)
+
 // The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
 // blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).
 // NM stacked-expert weights (w[m], s[m], z[m]: a product, or a GLU's gate and up) applied to

@@ -508,6 +508,12 @@ fn gemv_throughput() {
         (&[4096], 14336, false, "down proj"),
         (&[128256], 4096, false, "lm head"),
     ] {
+        // MLXCEL_GEMV_SHAPES="lm head,down proj" times only those (for a profiler's launch count).
+        if let Ok(only) = std::env::var("MLXCEL_GEMV_SHAPES") {
+            if !only.split(',').any(|s| s.trim() == name) {
+                continue;
+            }
+        }
         let n: usize = ns.iter().sum::<usize>() * if glu { 2 } else { 1 };
         let bytes = n * k / 2 + 2 * 2 * n * k / 64;
         let layers = (256usize << 20).div_ceil(bytes).clamp(2, 64);

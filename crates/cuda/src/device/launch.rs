@@ -216,6 +216,59 @@ pub(crate) fn tc_gemv_kernel(
     })
 }
 
+/// The ring variant (gemv.cu `tc_qring`) of a tensor-core GEMV launch `l` for `nm` weights a
+/// tile (2: a GLU), where it applies: each warp streams its chunks of weights, scales and biases
+/// through `ring` shared-memory stages (cp.async) instead of one chunk in its registers. Returns
+/// the launch and the stage count, the ring kernel's last argument. Needs each row's scales to
+/// start on 4 bytes. `MLXCEL_TC_RING=N` sets the stages (default 4; 0 or 1: off),
+/// `MLXCEL_RING_WARPS=N` the warps a block (default: the tensor-core GEMV's choice, at most 8).
+pub(crate) fn tc_ring(
+    l: &GemvLaunch,
+    nm: usize,
+    k: usize,
+    group: usize,
+    scales: mlxcel_core::DType,
+) -> Option<(GemvLaunch, i32)> {
+    static RING: std::sync::OnceLock<(usize, Option<usize>)> = std::sync::OnceLock::new();
+    let (ring, warps) = *RING.get_or_init(|| {
+        (
+            env_usize("MLXCEL_TC_RING").unwrap_or(4).min(8),
+            env_usize("MLXCEL_RING_WARPS").filter(|w| (1..=16).contains(w)),
+        )
+    });
+    let ssz = scales.size();
+    if ring < 2 || !matches!(group, 32 | 64 | 128) || !(k / group * ssz).is_multiple_of(4) {
+        return None;
+    }
+    let chunks = k.div_ceil(256);
+    let warps = warps.unwrap_or((l.block as usize / 32).min(8)).min(chunks);
+    let tiles = l.grid as usize;
+    // A warp's items: its chunks of a tile, times the tiles of a block where blocks loop.
+    let items = chunks.div_ceil(warps) * if tiles > 2 * 132 { 8 } else { 1 };
+    let x = (2 * k + k / 8).next_multiple_of(16);
+    let stage = nm * (2048 + 32 * (256 / group) * ssz);
+    let mut ring = ring.min(items);
+    while ring >= 2 && x + warps * ring * stage > MAX_RING_BYTES {
+        ring -= 1;
+    }
+    if ring < 2 {
+        return None;
+    }
+    let name = l.name.trim_end_matches("_r0");
+    Some((
+        GemvLaunch {
+            name: intern(format!("{name}_ring")),
+            grid: l.grid,
+            block: 32 * warps as u32,
+            smem: (x + warps * ring * stage) as u32,
+        },
+        ring as i32,
+    ))
+}
+
+/// Most dynamic shared memory a ring GEMV block asks for (of the 227 KiB Hopper allows).
+const MAX_RING_BYTES: usize = 200 << 10;
+
 /// A switch read once into `cell`: `var=0` turns off a path that is on by default, `var=1` turns
 /// on one that is off by default.
 pub(crate) fn switch(cell: &'static std::sync::OnceLock<bool>, var: &str, on_by_default: bool) -> bool {
@@ -533,11 +586,14 @@ pub fn node(
                 I32(*group_size as i32),
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                let l = match tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k) {
+                let tc = tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k);
+                let ring = tc.as_ref().and_then(|l| tc_ring(l, 1, k, *group_size, input(2).dtype));
+                let stages = ring.as_ref().map(|r| r.1);
+                let l = match ring.map(|r| r.0).or(tc) {
                     Some(l) => l,
                     None => gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?,
                 };
-                let args = [
+                let mut args = vec![
                     Ptr(ptr(0)),
                     I32(m as i32),
                     Ptr(ptr(1)),
@@ -550,6 +606,7 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
+                args.extend(stages.map(I32));
                 return gpu.launch_gemv(&l, &args);
             }
             gpu.launch("qmm", blocks(m * nn * 32), THREADS, 0, &args)
@@ -1007,7 +1064,10 @@ pub(crate) fn fused(
                 Op::QuantizedMatMul { bits, group_size } => {
                     let tc = tc_gemv_kernel("qglu", xdt, bits, rows, n, k);
                     let on_tensor_cores = tc.is_some();
-                    let l = match tc {
+                    let sdt = graph.node(ng.inputs[2]).dtype;
+                    let ring = tc.as_ref().and_then(|l| tc_ring(l, 2, k, group_size, sdt));
+                    let stages = ring.as_ref().map(|r| r.1);
+                    let l = match ring.map(|r| r.0).or(tc) {
                         Some(l) => l,
                         None if norm.is_none() => gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?,
                         None => return Err(no_tensor_cores("GLU")),
@@ -1023,6 +1083,7 @@ pub(crate) fn fused(
                     if on_tensor_cores {
                         args.extend(norm_in_args(graph, norm, at)?);
                     }
+                    args.extend(stages.map(I32));
                     gpu.launch_gemv(&l, &args)
                 }
                 Op::GatherQuantizedMatMul { bits, group_size } => {
@@ -1208,6 +1269,12 @@ pub(crate) fn fused(
                         I32(group_size as i32),
                     ]);
                     args.extend(norm_in_args(graph, norm, at)?);
+                    let sdt = graph.node(node.inputs[2]).dtype;
+                    let (l, stages) = match tc_ring(&l, 1, k, group_size, sdt) {
+                        Some((l, stages)) => (l, Some(stages)),
+                        None => (l, None),
+                    };
+                    args.extend(stages.map(I32));
                     let l = GemvLaunch {
                         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),
                         ..l
