@@ -94,6 +94,21 @@ __device__ float block_max(float v) {
   return part[0];
 }
 
+// Programmatic dependent launch (sm_90 on): a kernel launched with it (launch_programmatic in
+// device/mod.rs) may start while the kernel before it drains, and calls pdl_wait() before it
+// reads what earlier kernels wrote or writes anything; pdl_trigger() lets such a next kernel
+// start early. Both are no-ops for plain launches and older GPUs.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 // Any float dtype by runtime code (0 f32, 1 f16, 2 bf16): for ops whose operands may differ
 // in dtype (weights widened in the kernel). The code is uniform per launch, so no divergence.
 __device__ __forceinline__ float ldf(const void* p, int dt, i64 i) {

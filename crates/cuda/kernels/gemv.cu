@@ -845,7 +845,9 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
     }
     cp_async_commit();
   };
-  for (int f = 0; f + 1 < ring; f++) issue(f);
+  pdl_trigger();
+  for (int f = 0; f + 1 < ring; f++) issue(f);  // weights only: they do not wait for the kernel before
+  pdl_wait();
   tc_stage_x<X>(x, nin, k, xs, xsum);
   __shared__ float wpart[TC_WARPS][NM][16];
   float acc[NM][2];

@@ -661,7 +661,61 @@ impl Gpu {
                 .map_err(driver_err)?;
             grid = grid.min((per_sm * self.sms).max(1));
         }
+        if l.name.ends_with("_ring") && programmatic() {
+            return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
+        }
         self.launch(l.name, grid, l.block, l.smem, args)
+    }
+
+    /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
+    /// before it in the stream (or the captured graph) drains, so it must wait for that one
+    /// (gemv.cu's ring kernels: `pdl_wait` after requesting their first weights) before it
+    /// reads what earlier kernels wrote or writes anything. Scalar and pointer arguments only.
+    fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        use cudarc::driver::sys;
+        let f = self.func(name)?;
+        if smem > 48 << 10 {
+            f.set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
+        }
+        // The kernel's parameters: the address of each argument's value, which outlives the call.
+        let mut params = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(v) | Arg::U64(v) => Ok(v as *const u64 as *mut std::ffi::c_void),
+                Arg::I64(v) => Ok(v as *const i64 as *mut std::ffi::c_void),
+                Arg::I32(v) => Ok(v as *const i32 as *mut std::ffi::c_void),
+                Arg::F32(v) => Ok(v as *const f32 as *mut std::ffi::c_void),
+                Arg::View(_) => Err(Error::Backend(format!(
+                    "{name}: a by-value struct in a programmatic launch"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: a zeroed attribute is valid plain data; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.max(1),
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.stream.context().bind_to_thread().map_err(driver_err)?;
+        // SAFETY: as in launch_grid: the parameter list matches the kernel's (launch.rs), every
+        // pointer names a live buffer; params, attr and cfg outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))
     }
 
     /// [`Gpu::launch`] on a two-dimensional grid.
@@ -695,6 +749,12 @@ impl Gpu {
         unsafe { b.launch(cfg) }.map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))?;
         Ok(())
     }
+}
+
+/// `MLXCEL_PDL=0` launches the ring GEMVs without programmatic dependent launch.
+fn programmatic() -> bool {
+    static PDL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    launch::switch(&PDL, "MLXCEL_PDL", true)
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
