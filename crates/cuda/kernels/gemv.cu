@@ -580,8 +580,12 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       q[m][1][1] = full ? __ldcs(pb + t + 4) : make_uint4(0, 0, 0, 0);
     }
   };
+  if (stage) pdl_trigger();
   if (warp < chunks) fetch(warp);
-  if (stage) tc_stage_x<X>(x, nin, k, xs, xsum);
+  if (stage) {
+    pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
+    tc_stage_x<X>(x, nin, k, xs, xsum);
+  }
   float acc[NM][2];
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
@@ -813,16 +817,20 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   const i64 nc = (chunks - warp + warps - 1) / warps;  // this warp's chunks of a tile (warps <= chunks)
   const i64 mytiles = tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
   const i64 items = mytiles * nc;
-  // Item f of the warp's sequence: tile blockIdx.x + (f / nc) · gridDim.x, chunk warp + (f % nc) · warps.
-  auto issue = [&](i64 f) {
-    if (f < items) {
-      const i64 tile = blockIdx.x + (f / nc) * gridDim.x, c = warp + (f % nc) * warps;
+  // The warp's sequence: chunks warp, warp + warps, ... of tile blockIdx.x, then of the tiles
+  // gridDim.x on. Cursors (no divisions in the loop): the next item to copy, its stage.
+  i64 inext = 0, itile = blockIdx.x, ichunk = warp;
+  int islot = 0;
+  const int sshift = __ffs((srow / 4) | 1) - 1;  // log2 of a full chunk's scale words a row (1-8)
+  auto issue = [&]() {
+    if (inext < items) {
+      const i64 tile = itile, c = ichunk;
       i64 row0;
       const int part = parts.locate(tile, &row0);
       const i64 n = parts.n[part];
       const bool full = !half_last || c + 1 < chunks;
-      const int sw = (full ? srow : srow / 2) / 4;  // 4-byte words of a row's scales in this chunk
-      unsigned char* st = base + (f % ring) * NM * mbytes;
+      const int sh = full ? sshift : sshift - 1, sw = 1 << sh;  // 4-byte scale words a row here
+      unsigned char* st = base + islot * NM * mbytes;
 #pragma unroll
       for (int m = 0; m < NM; m++) {
         // (compile-time indices only: a run-time one would put mats in local memory)
@@ -835,18 +843,22 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
           if (full || j < 4) cp_async16(sm + r * 128 + ((j ^ ((r & 1) << 2)) << 4), (const uint4*)(q.w + row * wrow) + c * 8 + j);
         }
         for (int i = lane; i < 16 * sw; i += 32) {
-          const int r = i / sw, j = i % sw;
+          const int r = i >> sh, j = i & (sw - 1);
           const i64 row = row0 + r < n ? row0 + r : n - 1;
           const i64 off = row * groups * ssz + c * srow + 4 * j;
           cp_async4(sm + 2048 + r * srow + 4 * j, (const unsigned char*)q.s + off);
           cp_async4(sm + 2048 + 16 * srow + r * srow + 4 * j, (const unsigned char*)q.z + off);
         }
       }
+      ichunk += warps;
+      if (ichunk >= chunks) { ichunk = warp; itile += gridDim.x; }
     }
     cp_async_commit();
+    inext++;
+    islot = islot + 1 == ring ? 0 : islot + 1;
   };
   pdl_trigger();
-  for (int f = 0; f + 1 < ring; f++) issue(f);  // weights only: they do not wait for the kernel before
+  for (int f = 0; f + 1 < ring; f++) issue();  // weights only: they do not wait for the kernel before
   pdl_wait();
   tc_stage_x<X>(x, nin, k, xs, xsum);
   __shared__ float wpart[TC_WARPS][NM][16];
@@ -854,16 +866,18 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   const int lg0 = 2 * t * 32 / group, lg1 = (2 * t + 1) * 32 / group;  // this lane's groups in a chunk
+  i64 ctile = blockIdx.x, c = warp;  // the item to compute and its stage
+  int cslot = 0;
   for (i64 f = 0; f < items; f++) {
     __syncwarp();  // every lane is done with the stage item f - 1 read, which the next copy takes
-    issue(f + ring - 1);
+    issue();
     cp_async_wait(ring - 1);
     __syncwarp();
-    const i64 c = warp + (f % nc) * warps;
     const bool full = !half_last || c + 1 < chunks;
     const i64 run = c * 8 + 2 * t;
     const bool in = run < runs;
-    const unsigned char* st = base + (f % ring) * NM * mbytes;
+    const unsigned char* st = base + cslot * NM * mbytes;
+    cslot = cslot + 1 == ring ? 0 : cslot + 1;
     float sc[NM][4], bi[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) {
@@ -921,7 +935,8 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
         acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
       }
     }
-    if (f % nc == nc - 1) {  // the tile's last chunk of this warp: the block sums and stores it
+    c += warps;
+    if (c >= chunks) {  // the tile's last chunk of this warp: the block sums and stores it
 #pragma unroll
       for (int m = 0; m < NM; m++) {
 #pragma unroll
@@ -936,7 +951,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       __syncthreads();
       if (threadIdx.x < 16) {
         i64 row0;
-        const int part = parts.locate(blockIdx.x + (f / nc) * gridDim.x, &row0);
+        const int part = parts.locate(ctile, &row0);
         float out[NM];
 #pragma unroll
         for (int m = 0; m < NM; m++) {
@@ -947,6 +962,8 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
         if (row0 + threadIdx.x < parts.n[part]) epi(part, row0 + threadIdx.x, out[0], out[NM - 1]);
       }
       __syncthreads();
+      c = warp;
+      ctile += gridDim.x;
     }
   }
 }

@@ -220,7 +220,7 @@ pub(crate) fn tc_gemv_kernel(
 /// tile (2: a GLU), where it applies: each warp streams its chunks of weights, scales and biases
 /// through `ring` shared-memory stages (cp.async) instead of one chunk in its registers. Returns
 /// the launch and the stage count, the ring kernel's last argument. Needs each row's scales to
-/// start on 4 bytes. `MLXCEL_TC_RING=N` sets the stages (default 4; 0 or 1: off),
+/// start on 4 bytes. `MLXCEL_TC_RING=N` sets the stages (default 2; 0 or 1: off),
 /// `MLXCEL_RING_WARPS=N` the warps a block (default: the tensor-core GEMV's choice, at most 8).
 pub(crate) fn tc_ring(
     l: &GemvLaunch,
@@ -232,7 +232,7 @@ pub(crate) fn tc_ring(
     static RING: std::sync::OnceLock<(usize, Option<usize>)> = std::sync::OnceLock::new();
     let (ring, warps) = *RING.get_or_init(|| {
         (
-            env_usize("MLXCEL_TC_RING").unwrap_or(4).min(8),
+            env_usize("MLXCEL_TC_RING").unwrap_or(2).min(8),
             env_usize("MLXCEL_RING_WARPS").filter(|w| (1..=16).contains(w)),
         )
     });

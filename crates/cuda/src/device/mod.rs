@@ -661,7 +661,7 @@ impl Gpu {
                 .map_err(driver_err)?;
             grid = grid.min((per_sm * self.sms).max(1));
         }
-        if l.name.ends_with("_ring") && programmatic() {
+        if (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) && programmatic() {
             return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
         }
         self.launch(l.name, grid, l.block, l.smem, args)
@@ -669,7 +669,7 @@ impl Gpu {
 
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
     /// before it in the stream (or the captured graph) drains, so it must wait for that one
-    /// (gemv.cu's ring kernels: `pdl_wait` after requesting their first weights) before it
+    /// (gemv.cu's tensor-core GEMVs: `pdl_wait` after requesting their first weights) before it
     /// reads what earlier kernels wrote or writes anything. Scalar and pointer arguments only.
     fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         use cudarc::driver::sys;
@@ -751,7 +751,7 @@ impl Gpu {
     }
 }
 
-/// `MLXCEL_PDL=0` launches the ring GEMVs without programmatic dependent launch.
+/// `MLXCEL_PDL=0` launches the tensor-core GEMVs without programmatic dependent launch.
 fn programmatic() -> bool {
     static PDL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     launch::switch(&PDL, "MLXCEL_PDL", true)
