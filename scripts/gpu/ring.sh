@@ -4,9 +4,10 @@
 # Correctness (op cases, fused patterns, parity), identical greedy tokens with and without
 # programmatic launch, then decode tok/s side by side: ring (default 2 stages) against the
 # one-chunk kernel (MLXCEL_TC_RING=0), each with and without programmatic launch, stage counts,
-# five presets; Nsight Compute on the ring's down projection and GLU. One file back:
-# $OUT/report.txt (+ ncu-*.txt).
+# four presets. One file back: $OUT/report.txt.
 source "$(dirname "$0")/common.sh"
+# The defaults when it was measured (5901933): ring of 2 stages, programmatic launch on.
+export MLXCEL_TC_RING=${MLXCEL_TC_RING:-2} MLXCEL_PDL=${MLXCEL_PDL:-1}
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 {
 gpu_checks
@@ -28,23 +29,14 @@ print(f"tokens: ring with/without PDL identical={t['ring'] == t['ring-nopdl']}, 
 PY
 bench llama-ring2 llama-3.1-8b-4bit
 bench llama-ring2-nopdl llama-3.1-8b-4bit MLXCEL_PDL=0
+bench llama-ring4 llama-3.1-8b-4bit MLXCEL_TC_RING=4
+bench llama-ring4-nopdl llama-3.1-8b-4bit MLXCEL_TC_RING=4 MLXCEL_PDL=0
+bench llama-ring3 llama-3.1-8b-4bit MLXCEL_TC_RING=3
 bench llama-old llama-3.1-8b-4bit MLXCEL_TC_RING=0
 bench llama-old-nopdl llama-3.1-8b-4bit MLXCEL_TC_RING=0 MLXCEL_PDL=0
-bench llama-ring3 llama-3.1-8b-4bit MLXCEL_TC_RING=3
-bench llama-ring4 llama-3.1-8b-4bit MLXCEL_TC_RING=4
-bench llama-ring2-w4 llama-3.1-8b-4bit MLXCEL_RING_WARPS=4
-for p in qwen3-8b-4bit gemma3-1b-4bit llama-3.2-1b-4bit qwen3-30b-a3b-4bit; do
-  bench $p-ring2 $p; bench $p-old $p MLXCEL_TC_RING=0; bench $p-old-nopdl $p MLXCEL_TC_RING=0 MLXCEL_PDL=0
+for p in qwen3-8b-4bit gemma3-1b-4bit llama-3.2-1b-4bit; do
+  bench $p-ring2 $p; bench $p-ring4 $p MLXCEL_TC_RING=4; bench $p-old-nopdl $p MLXCEL_TC_RING=0 MLXCEL_PDL=0
 done
 tail -3 /tmp/bench.err
-for spec in "down proj:tc_qgemv_f16_4_ring" "gate+up (fused GLU):tc_qglu_f16_4_ring"; do
-  shape=${spec%%:*}; k=${spec##*:}; f=$OUT/ncu-${shape%% *}.txt
-  MLXCEL_GEMV_SHAPES="$shape" timeout 100 $ncu --clock-control none -k regex:"^$k\$" --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio \
-    .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $f 2>&1
-  echo "== ncu $shape ($k) rc=$?"
-  grep -E "Duration|DRAM Throughput|Registers Per|Block Size|Grid Size|Dynamic Shared|Achieved Occupancy|Issued Warp|No Eligible|Warp Cycles Per Issued|stalled_(long|wait|short|barrier|math)" $f | head -20
-done
 } > $OUT/report.txt 2>&1
 cat $OUT/report.txt

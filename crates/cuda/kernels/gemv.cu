@@ -821,7 +821,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   // gridDim.x on. Cursors (no divisions in the loop): the next item to copy, its stage.
   i64 inext = 0, itile = blockIdx.x, ichunk = warp;
   int islot = 0;
-  const int sshift = __ffs((srow / 4) | 1) - 1;  // log2 of a full chunk's scale words a row (1-8)
+  const int sshift = __ffs(srow / 4) - 1;  // log2 of a full chunk's 4-byte scale words a row (1-8)
   auto issue = [&]() {
     if (inext < items) {
       const i64 tile = itile, c = ichunk;

@@ -220,8 +220,11 @@ pub(crate) fn tc_gemv_kernel(
 /// tile (2: a GLU), where it applies: each warp streams its chunks of weights, scales and biases
 /// through `ring` shared-memory stages (cp.async) instead of one chunk in its registers. Returns
 /// the launch and the stage count, the ring kernel's last argument. Needs each row's scales to
-/// start on 4 bytes. `MLXCEL_TC_RING=N` sets the stages (default 2; 0 or 1: off),
-/// `MLXCEL_RING_WARPS=N` the warps a block (default: the tensor-core GEMV's choice, at most 8).
+/// start on 4 bytes. Off by default: `MLXCEL_TC_RING=N` turns it on with N stages (4 measured
+/// best; with `MLXCEL_PDL=1` it led on the 8B presets and trailed on the 1B ones,
+/// docs/benchmark_results/cuda-decode.md), `MLXCEL_RING_WARPS=N` sets the warps a block (default:
+/// the tensor-core GEMV's choice, at most 8), `MLXCEL_RING_MIN=M` the fewest weights (in 2^20
+/// values, all `nm` matrices) that take it (default 24).
 pub(crate) fn tc_ring(
     l: &GemvLaunch,
     nm: usize,
@@ -229,15 +232,17 @@ pub(crate) fn tc_ring(
     group: usize,
     scales: mlxcel_core::DType,
 ) -> Option<(GemvLaunch, i32)> {
-    static RING: std::sync::OnceLock<(usize, Option<usize>)> = std::sync::OnceLock::new();
-    let (ring, warps) = *RING.get_or_init(|| {
+    static RING: std::sync::OnceLock<(usize, Option<usize>, usize)> = std::sync::OnceLock::new();
+    let (ring, warps, least) = *RING.get_or_init(|| {
         (
-            env_usize("MLXCEL_TC_RING").unwrap_or(2).min(8),
+            env_usize("MLXCEL_TC_RING").unwrap_or(0).min(8),
             env_usize("MLXCEL_RING_WARPS").filter(|w| (1..=16).contains(w)),
+            env_usize("MLXCEL_RING_MIN").unwrap_or(24) << 20,
         )
     });
     let ssz = scales.size();
-    if ring < 2 || !matches!(group, 32 | 64 | 128) || !(k / group * ssz).is_multiple_of(4) {
+    let weights = l.grid as usize * 16 * k * nm;
+    if ring < 2 || weights < least || !matches!(group, 32 | 64 | 128) || !(k / group * ssz).is_multiple_of(4) {
         return None;
     }
     let chunks = k.div_ceil(256);

@@ -751,10 +751,12 @@ impl Gpu {
     }
 }
 
-/// `MLXCEL_PDL=0` launches the tensor-core GEMVs without programmatic dependent launch.
+/// `MLXCEL_PDL=1` launches the tensor-core GEMVs with programmatic dependent launch. Off by
+/// default until measured on every preset: +2% on llama-3.1-8b with the one-chunk kernel, -1 to
+/// -3% on qwen3-8b and llama-3.2-1b (docs/benchmark_results/cuda-decode.md).
 fn programmatic() -> bool {
     static PDL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    launch::switch(&PDL, "MLXCEL_PDL", true)
+    launch::switch(&PDL, "MLXCEL_PDL", false)
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
