@@ -86,9 +86,13 @@ pub struct ServeArgs {
     /// Requests running or waiting before new ones get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
-    /// Prompt tokens per prefill step (rounded down to whole KV blocks).
+    /// Prompt tokens per prefill chunk (rounded down to whole KV blocks).
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// Prompt tokens a step may prefill, in equal chunks of several requests run as one batch
+    /// (at least one chunk).
+    #[arg(long, default_value_t = 2048)]
+    pub max_prefill_tokens: usize,
     /// Positions per KV block.
     #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,

@@ -245,6 +245,10 @@ fn bad_models_and_flags_fail_cleanly() {
     fails_with(&["-m", &m, "perplexity", "--tokens", "1"], "at least two tokens");
     fails_with(&["-m", &m, "perplexity", "--tokens", "1,2", "--file", "x"], "not both");
     fails_with(&["-m", &m, "perplexity"], "--tokens or --file");
+    fails_with(
+        &["-m", &m, "serve", "--port", "0", "--max-prefill-tokens", "0"],
+        "--max-prefill-tokens must be positive",
+    );
 }
 
 #[test]

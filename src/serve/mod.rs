@@ -81,11 +81,13 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
         args.block_size
     );
     let engine = PagedEngine::new(model, backend.as_ref(), dtype, blocks, args.block_size, max_context)?;
+    ensure!(args.max_prefill_tokens > 0, "--max-prefill-tokens must be positive");
     let sched = Scheduler::new(
         BlockPool::new(blocks, args.block_size),
         args.max_batch_size,
         args.prefill_chunk,
-    );
+    )
+    .with_prefill_tokens(args.max_prefill_tokens);
     let batcher = Batcher::new(sched, engine);
     let stats = Arc::new(worker::Stats::default());
     let (tx, rx) = mpsc::channel();

@@ -131,7 +131,8 @@ impl Batcher {
         }
     }
 
-    /// One step: a batched decode of every prefilled sequence and one prefill chunk.
+    /// One step: a batched decode of every prefilled sequence, then the planned prefill chunks
+    /// as one batched launch.
     pub fn step(&mut self, emit: &mut dyn FnMut(SeqId, Event)) -> Result<()> {
         let plan = self.sched.plan();
         self.preemptions += plan.preempted.len() as u64;
@@ -164,23 +165,32 @@ impl Batcher {
                 Err(e) => self.fail(&plan.decode, &e, emit),
             }
         }
-        if let Some((id, start, len)) = plan.prefill {
-            let want_logits = self.wants_logits(id);
-            let s = self.sched.seq(id).expect("planned");
-            let row = Row {
-                tokens: &s.tokens[start..start + len],
-                start,
-                table: self.sched.pool.table(id),
-            };
-            match self.engine.step(&[row], want_logits) {
+        if !plan.prefill.is_empty() {
+            let ids: Vec<SeqId> = plan.prefill.iter().map(|p| p.0).collect();
+            let want_logits = ids.iter().any(|&id| self.wants_logits(id));
+            let rows: Vec<Row> = plan
+                .prefill
+                .iter()
+                .map(|&(id, start, len)| {
+                    let s = self.sched.seq(id).expect("planned");
+                    Row {
+                        tokens: &s.tokens[start..start + len],
+                        start,
+                        table: self.sched.pool.table(id),
+                    }
+                })
+                .collect();
+            match self.engine.step(&rows, want_logits) {
                 Ok(out) => {
-                    if self.sched.prefilled(id, len) {
-                        let logits = out.logits.as_ref().map(|l| l[0].as_slice());
-                        let sampled = self.sample(id, out.argmax[0], logits);
-                        self.accept(id, sampled, false, emit);
+                    for (r, &(id, _, len)) in plan.prefill.iter().enumerate() {
+                        if self.sched.prefilled(id, len) {
+                            let logits = out.logits.as_ref().map(|l| l[r].as_slice());
+                            let sampled = self.sample(id, out.argmax[r], logits);
+                            self.accept(id, sampled, false, emit);
+                        }
                     }
                 }
-                Err(e) => self.fail(&[id], &e, emit),
+                Err(e) => self.fail(&ids, &e, emit),
             }
         }
         Ok(())

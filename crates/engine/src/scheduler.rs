@@ -1,8 +1,9 @@
 //! Continuous batching as plain data: which sequences run, which wait, what each step does.
 //!
 //! Every step decodes one token for each running sequence that has finished its prefill and
-//! runs one prefill chunk of the oldest sequence still prefilling, so new requests join without
-//! stalling running streams. A sequence joins when the pool can hold its whole prompt; when a
+//! runs a prefill chunk of the oldest sequence still prefilling, with the next chunks of as many
+//! other prefilling sequences as have the same length and fit the step's prefill budget (one
+//! batched launch), so new requests join without stalling running streams. A sequence joins when the pool can hold its whole prompt; when a
 //! decode step finds the pool full, the youngest running sequence is preempted: its blocks go
 //! back and it waits at the head of the queue, to be recomputed from its tokens so far.
 
@@ -35,15 +36,16 @@ impl Seq {
 pub struct Plan {
     /// Sequences that decode their last token (position `computed`).
     pub decode: Vec<SeqId>,
-    /// A prefill chunk: `(sequence, first position, tokens)`.
-    pub prefill: Option<(SeqId, usize, usize)>,
+    /// Prefill chunks, all of one length, the oldest prefilling sequence's first:
+    /// `(sequence, first position, tokens)`; a power of two of them (one step graph each).
+    pub prefill: Vec<(SeqId, usize, usize)>,
     /// Sequences preempted while planning (their blocks are back in the pool).
     pub preempted: Vec<SeqId>,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.decode.is_empty() && self.prefill.is_none()
+        self.decode.is_empty() && self.prefill.is_empty()
     }
 }
 
@@ -51,6 +53,8 @@ pub struct Scheduler {
     pub pool: BlockPool,
     max_batch: usize,
     prefill_chunk: usize,
+    /// Most prefill tokens a step (at least one chunk).
+    prefill_tokens: usize,
     waiting: VecDeque<Seq>,
     /// In admission order: the last is the youngest.
     running: Vec<Seq>,
@@ -66,9 +70,17 @@ impl Scheduler {
             pool,
             max_batch: max_batch.max(1),
             prefill_chunk,
+            prefill_tokens: prefill_chunk,
             waiting: VecDeque::new(),
             running: Vec::new(),
         }
+    }
+
+    /// Lets a step prefill up to `tokens` positions (at least one chunk), in chunks of several
+    /// sequences; by default a step prefills one chunk.
+    pub fn with_prefill_tokens(mut self, tokens: usize) -> Scheduler {
+        self.prefill_tokens = tokens.max(self.prefill_chunk);
+        self
     }
 
     /// Queues a new sequence. The caller checks that `prompt` fits the pool on its own.
@@ -154,9 +166,20 @@ impl Scheduler {
             let seq = self.waiting.pop_front().expect("front exists");
             self.running.push(seq);
         }
-        if let Some(seq) = self.running.iter().find(|s| !s.prefilled) {
-            let len = (seq.tokens.len() - seq.computed).min(self.prefill_chunk);
-            plan.prefill = Some((seq.id, seq.computed, len));
+        let chunk = |s: &Seq| (s.tokens.len() - s.computed).min(self.prefill_chunk);
+        if let Some(oldest) = self.running.iter().find(|s| !s.prefilled) {
+            let len = chunk(oldest);
+            let most = (self.prefill_tokens / len).clamp(1, self.max_batch);
+            let mut same: Vec<_> = self
+                .running
+                .iter()
+                .filter(|s| !s.prefilled && chunk(s) == len)
+                .take(most)
+                .map(|s| (s.id, s.computed, len))
+                .collect();
+            // A power of two of rows: the step graphs stay few and none computes padding.
+            same.truncate(1 << same.len().ilog2());
+            plan.prefill = same;
         }
         plan
     }
@@ -210,7 +233,7 @@ mod tests {
                     finished.push(id);
                 }
             }
-            if let Some((id, start, len)) = plan.prefill {
+            for &(id, start, len) in &plan.prefill {
                 let seq = s.seq(id).unwrap();
                 assert_eq!(start % s.pool.block_size(), 0, "chunks start on block boundaries");
                 assert!(s.pool.held(id) * s.pool.block_size() >= start + len);
@@ -261,7 +284,8 @@ mod tests {
             let plan = s.plan();
             assert!(s.running() <= 3);
             assert!(plan.decode.len() <= 3);
-            if let Some((id, _, len)) = plan.prefill {
+            assert!(plan.prefill.len() <= 1, "one chunk a step by default");
+            for &(id, _, len) in &plan.prefill {
                 assert!(len <= 8);
                 assert!(!plan.decode.contains(&id));
                 if s.prefilled(id, len) {
@@ -272,6 +296,42 @@ mod tests {
                 s.push_token(id, 0, true);
             }
         }
+    }
+
+    #[test]
+    fn a_step_prefills_chunks_of_one_length_from_several_sequences() {
+        // Chunks of 8, 24 prefill tokens a step: at most three rows, so two (a power of two).
+        let mut s = Scheduler::new(BlockPool::new(1000, 4), 8, 8).with_prefill_tokens(24);
+        for id in 0..5 {
+            s.add(id, prompt(if id == 1 { 4 } else { 20 }));
+        }
+        let plan = s.plan();
+        assert_eq!(
+            plan.prefill,
+            vec![(0, 0, 8), (2, 0, 8)],
+            "the oldest first, same length only"
+        );
+        for &(id, _, len) in &plan.prefill {
+            assert!(!s.prefilled(id, len));
+        }
+        // Sequence 1's one chunk (4 positions) waits: the oldest's length (8) leads the step.
+        let plan = s.plan();
+        assert_eq!(plan.prefill, vec![(0, 8, 8), (2, 8, 8)]);
+        for &(id, _, len) in &plan.prefill {
+            s.prefilled(id, len);
+        }
+        let plan = s.plan();
+        // Three sequences have 4 left (0, 1, 2): two of them, the oldest first.
+        assert_eq!(
+            plan.prefill,
+            vec![(0, 16, 4), (1, 0, 4)],
+            "remainders of one length join"
+        );
+        // Everything still finishes, with the pool whole again.
+        let mut done = drive(&mut s, 5, 10_000);
+        done.sort();
+        assert_eq!(done, (0..5).collect::<Vec<_>>());
+        assert_eq!(s.pool.free_blocks(), 1000);
     }
 
     #[test]
@@ -292,7 +352,7 @@ mod tests {
                 let t = s.seq(id).unwrap().tokens.len() as u32;
                 s.push_token(id, t, true);
             }
-            if let Some((id, _, len)) = plan.prefill {
+            for &(id, _, len) in &plan.prefill {
                 let t = s.seq(id).unwrap().tokens.len() as u32;
                 if s.prefilled(id, len) {
                     s.push_token(id, t, false);
@@ -325,7 +385,7 @@ mod tests {
         s.add(1, prompt(8));
         s.add(2, prompt(8));
         let plan = s.plan();
-        assert_eq!(plan.prefill, Some((1, 0, 8)));
+        assert_eq!(plan.prefill, vec![(1, 0, 8)]);
         assert_eq!(s.pool.held(1), 2);
         assert_eq!(s.waiting(), 1);
         assert!(s.remove(2).is_some(), "a waiting sequence");

@@ -21,13 +21,23 @@ fn fixture() -> (std::path::PathBuf, Value) {
 }
 
 fn batcher(blocks: usize, block_size: usize, max_batch: usize, chunk: usize) -> Batcher {
+    batcher_prefilling(blocks, block_size, max_batch, chunk, chunk)
+}
+
+/// A batcher whose steps may prefill `prefill_tokens` positions (chunks of several sequences).
+fn batcher_prefilling(
+    blocks: usize,
+    block_size: usize,
+    max_batch: usize,
+    chunk: usize,
+    prefill_tokens: usize,
+) -> Batcher {
     let (dir, _) = fixture();
     let model = mlxcel_models::load(&dir).unwrap();
     let engine = PagedEngine::new(model, &mlxcel_cpu::CpuBackend, DType::F32, blocks, block_size, 256).unwrap();
-    Batcher::new(
-        Scheduler::new(BlockPool::new(blocks, block_size), max_batch, chunk),
-        engine,
-    )
+    let sched =
+        Scheduler::new(BlockPool::new(blocks, block_size), max_batch, chunk).with_prefill_tokens(prefill_tokens);
+    Batcher::new(sched, engine)
 }
 
 fn greedy(n: usize) -> SeqParams {
@@ -112,6 +122,32 @@ fn a_sequence_decodes_the_same_alone_and_in_any_batch() {
     let together = run_all(&mut b, &reqs);
     assert_eq!(together, alone);
     assert_eq!(b.sched.pool.free_blocks(), 64);
+}
+
+#[test]
+fn prefill_chunks_of_several_sequences_in_one_step_give_each_its_own_tokens() {
+    // Six prompts: four of 20 positions (chunks 8, 8, 4, prefilled four at a time) and two of
+    // 12 (8, 4: their remainders join the others' of 4).
+    let reqs: Vec<(u64, Vec<u32>, SeqParams)> = (0..6u32)
+        .map(|i| {
+            let len = if i < 4 { 20 } else { 12 };
+            let p = (0..len).map(|j| (i * 41 + j * 13) % 500).collect();
+            (u64::from(i), p, greedy(10 + i as usize))
+        })
+        .collect();
+    let mut alone = HashMap::new();
+    for r in &reqs {
+        let mut b = batcher(64, 4, 1, 8);
+        alone.extend(run_all(&mut b, std::slice::from_ref(r)));
+    }
+    let mut b = batcher_prefilling(64, 4, 8, 8, 32);
+    let together = run_all(&mut b, &reqs);
+    assert_eq!(together, alone);
+    assert_eq!(b.sched.pool.free_blocks(), 64);
+    // The same requests one prefill chunk a step take more steps.
+    let mut one = batcher(64, 4, 8, 8);
+    assert_eq!(run_all(&mut one, &reqs), alone);
+    assert!(b.steps < one.steps, "{} steps against {}", b.steps, one.steps);
 }
 
 #[test]
