@@ -503,6 +503,36 @@ template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float
                     __byte_perm(v.y, v.w, 0x7632));
 }
 
+// One 32-bit word of each of rows a and b (8 nibbles: k slots e and e + 4 in each half)
+// through two mma against xb, x's B fragment for those slots, into the run sums c.
+template <class X>
+__device__ __forceinline__ void tc_mma_word(float* c, unsigned wa, unsigned wb, uint4 xb) {
+  typedef TensorCore<X> TC;
+  unsigned a[4];
+  a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
+  a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
+  a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
+  a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
+  TC::mma(c, a, xb.x, xb.y);
+  a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
+  a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
+  a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
+  a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
+  TC::mma(c, a, xb.z, xb.w);
+}
+
+// A chunk's run sums c (runs r0 and r0 + 1 of rows a and b, each q off the offset) into the two
+// row sums acc: scale (sc) and bias (bi) of each run, s0 and s1 the sums of x over the runs.
+template <class X>
+__device__ __forceinline__ void tc_scale_runs(float* acc, const float* c, const float* sc, const float* bi, float s0,
+                                              float s1) {
+  typedef TensorCore<X> TC;
+  acc[0] += sc[0] * (c[0] - TC::OFF * s0) + bi[0] * s0;
+  acc[0] += sc[1] * (c[1] - TC::OFF * s1) + bi[1] * s1;
+  acc[1] += sc[2] * (c[2] - TC::OFF * s0) + bi[2] * s0;
+  acc[1] += sc[3] * (c[3] - TC::OFF * s1) + bi[3] * s1;
+}
+
 // x [k] staged for tc_qdot: xs (k / 8 reordered words) and xsum (k / 32 run sums), from x
 // itself or from rms_norm(a + b) (see NormIn). Ends with a block barrier.
 template <class X>
@@ -619,32 +649,13 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       for (int j = 0; j < 4; j++) {
         const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int m = 0; m < NM; m++) {
-          const unsigned* qa = (const unsigned*)&q[m][0][u];
-          const unsigned* qb = (const unsigned*)&q[m][1][u];
-          const unsigned wa = qa[j], wb = qb[j];
-          unsigned a[4];
-          a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
-          a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
-          a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
-          a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m], a, xb.x, xb.y);
-          a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
-          a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
-          a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
-          a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m], a, xb.z, xb.w);
-        }
+        for (int m = 0; m < NM; m++)
+          tc_mma_word<X>(cc[m], ((const unsigned*)&q[m][0][u])[j], ((const unsigned*)&q[m][1][u])[j], xb);
       }
     }
 #pragma unroll
-    for (int m = 0; m < NM; m++) {
-      if (!in) break;
-      acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
-      acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
-      acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
-      acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
-    }
+    for (int m = 0; m < NM; m++)
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
     if (c + warps < chunks) fetch(c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
@@ -910,31 +921,13 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       for (int j = 0; j < 4; j++) {
         const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int m = 0; m < NM; m++) {
-          const unsigned wa = ((const unsigned*)&q[m][0])[j], wb = ((const unsigned*)&q[m][1])[j];
-          unsigned a[4];
-          a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
-          a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
-          a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
-          a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m], a, xb.x, xb.y);
-          a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
-          a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
-          a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
-          a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
-          TC::mma(cc[m], a, xb.z, xb.w);
-        }
+        for (int m = 0; m < NM; m++)
+          tc_mma_word<X>(cc[m], ((const unsigned*)&q[m][0])[j], ((const unsigned*)&q[m][1])[j], xb);
       }
     }
-    if (in) {
 #pragma unroll
-      for (int m = 0; m < NM; m++) {
-        acc[m][0] += sc[m][0] * (cc[m][0] - TC::OFF * s0) + bi[m][0] * s0;
-        acc[m][0] += sc[m][1] * (cc[m][1] - TC::OFF * s1) + bi[m][1] * s1;
-        acc[m][1] += sc[m][2] * (cc[m][2] - TC::OFF * s0) + bi[m][2] * s0;
-        acc[m][1] += sc[m][3] * (cc[m][3] - TC::OFF * s1) + bi[m][3] * s1;
-      }
-    }
+    for (int m = 0; m < NM; m++)
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
     c += warps;
     if (c >= chunks) {  // the tile's last chunk of this warp: the block sums and stores it
 #pragma unroll
