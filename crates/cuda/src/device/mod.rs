@@ -656,6 +656,8 @@ impl Gpu {
         let mut grid = l.grid;
         if persist && (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) {
             let f = self.func(l.name)?;
+            // The occupancy of a block past 48 KiB counts only once the kernel is allowed it.
+            allow_shared(&f, l.name, l.smem)?;
             let per_sm = f
                 .occupancy_max_active_blocks_per_multiprocessor(l.block, l.smem as usize, None)
                 .map_err(driver_err)?;
@@ -674,13 +676,7 @@ impl Gpu {
     fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         use cudarc::driver::sys;
         let f = self.func(name)?;
-        if smem > 48 << 10 {
-            f.set_attribute(
-                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
-        }
+        allow_shared(&f, name, smem)?;
         // The kernel's parameters: the address of each argument's value, which outlives the call.
         let mut params = args
             .iter()
@@ -721,14 +717,7 @@ impl Gpu {
     /// [`Gpu::launch`] on a two-dimensional grid.
     fn launch_grid(&self, name: &'static str, grid: (u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
-        if smem > 48 << 10 {
-            // Past 48 KiB a kernel must be allowed its dynamic shared memory first.
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
-        }
+        allow_shared(&f, name, smem)?;
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -749,6 +738,19 @@ impl Gpu {
         unsafe { b.launch(cfg) }.map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))?;
         Ok(())
     }
+}
+
+/// Allows kernel `f` (`name`) `smem` bytes of dynamic shared memory: past 48 KiB a kernel must
+/// be given its limit before it launches, or before its occupancy is asked for that size.
+fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
+    if smem > 48 << 10 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
+    }
+    Ok(())
 }
 
 /// `MLXCEL_PDL=1` launches the tensor-core GEMVs with programmatic dependent launch. Off by
