@@ -4,7 +4,8 @@
 For each concurrency level, N clients stream /v1/completions at once, each with a prompt of
 --prompt random token ids and --max-tokens output tokens (ignore_eos, greedy). Reports
 aggregate output tok/s (all tokens / wall time) and per-stream decode tok/s (tokens after the
-first / time from first to last token), min and median.
+first / time from first to last token), min and median. `--temperature T` (with `--top-p`)
+samples instead of greedy decoding, as most clients ask.
 
     mlxcel serve -m models/llama-3.1-8b-4bit --port 8080 &
     python3 scripts/bench_serve.py --url http://127.0.0.1:8080 --concurrency 1,8,32,64
@@ -53,7 +54,9 @@ def run(url, n, args):
         body = {
             "prompt": [rng.randrange(args.vocab) for _ in range(args.prompt)],
             "max_tokens": args.max_tokens,
-            "temperature": 0,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "seed": rng.randrange(1 << 30),
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -94,13 +97,16 @@ def main():
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens per request")
     p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rows = [run(args.url, int(n), args) for n in args.concurrency.split(",")]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"prompt {args.prompt} tokens, output {args.max_tokens} tokens per request")
+    how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+    print(f"prompt {args.prompt} tokens, output {args.max_tokens} tokens per request, {how}")
     print("| concurrency | aggregate tok/s | per-stream min tok/s | per-stream median tok/s | median TTFT s |")
     print("|---:|---:|---:|---:|---:|")
     for r in rows:
