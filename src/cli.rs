@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
+    /// Step graphs kept planned (each shape of step has its own buffers; the least recently
+    /// used is unloaded past this).
+    #[arg(long, default_value_t = mlxcel_engine::paged::DEFAULT_MAX_GRAPHS)]
+    pub max_step_graphs: usize,
     /// Largest request body.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,

@@ -249,6 +249,10 @@ fn bad_models_and_flags_fail_cleanly() {
         &["-m", &m, "serve", "--port", "0", "--max-prefill-tokens", "0"],
         "--max-prefill-tokens must be positive",
     );
+    fails_with(
+        &["-m", &m, "serve", "--port", "0", "--max-step-graphs", "0"],
+        "--max-step-graphs must be positive",
+    );
 }
 
 #[test]

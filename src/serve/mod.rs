@@ -80,7 +80,9 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
         "--max-kv-tokens {kv_tokens} holds no block of {} tokens",
         args.block_size
     );
-    let engine = PagedEngine::new(model, backend.as_ref(), dtype, blocks, args.block_size, max_context)?;
+    ensure!(args.max_step_graphs > 0, "--max-step-graphs must be positive");
+    let engine = PagedEngine::new(model, backend.as_ref(), dtype, blocks, args.block_size, max_context)?
+        .with_max_graphs(args.max_step_graphs);
     ensure!(args.max_prefill_tokens > 0, "--max-prefill-tokens must be positive");
     let sched = Scheduler::new(
         BlockPool::new(blocks, args.block_size),

@@ -60,6 +60,9 @@ pub trait Session: Send {
     fn read_state(&self, name: &str) -> Result<HostTensor>;
     fn write_state(&mut self, name: &str, value: &HostTensor) -> Result<()>;
     fn memory(&self) -> MemoryReport;
+    /// Frees a loaded graph's planned buffers (states, which other graphs may share, and the
+    /// uploaded parameters stay). Its id is not reused; running it again is an error.
+    fn unload(&mut self, id: GraphId) -> Result<()>;
 }
 
 /// Fails with the first node `backend` has no kernel for.

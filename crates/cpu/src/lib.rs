@@ -69,13 +69,15 @@ struct Loaded {
 #[derive(Default)]
 pub struct CpuSession {
     states: States,
-    graphs: Vec<Loaded>,
+    /// By id; None once unloaded.
+    graphs: Vec<Option<Loaded>>,
 }
 
 impl CpuSession {
     fn loaded(&self, id: GraphId) -> Result<&Loaded> {
         self.graphs
             .get(id.0)
+            .and_then(Option::as_ref)
             .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))
     }
 }
@@ -115,13 +117,13 @@ impl Session for CpuSession {
         }
         let plan = plan::plan(graph, options.keep_named, |i| state_of[i], |i| leaf_of[i]);
         let slots = plan.slot_bytes.iter().map(|&b| AlignedBuf::zeroed(b)).collect();
-        self.graphs.push(Loaded {
+        self.graphs.push(Some(Loaded {
             graph: graph.clone(),
             plan,
             leaves,
             slots,
             keep_named: options.keep_named,
-        });
+        }));
         Ok(GraphId(self.graphs.len() - 1))
     }
 
@@ -130,6 +132,7 @@ impl Session for CpuSession {
         let g = self
             .graphs
             .get_mut(id.0)
+            .and_then(Option::as_mut)
             .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
         check_inputs(&g.graph, inputs)?;
         let mut next_input = 0;
@@ -224,11 +227,23 @@ impl Session for CpuSession {
             planned_bytes: self
                 .graphs
                 .iter()
+                .flatten()
                 .flat_map(|g| g.slots.iter().map(|s| s.capacity()))
                 .sum(),
             state_bytes: self.states.iter().map(|s| s.buf.capacity()).sum(),
-            parameter_bytes: self.graphs.iter().flat_map(|g| g.leaves.iter().map(copied)).sum(),
+            parameter_bytes: self
+                .graphs
+                .iter()
+                .flatten()
+                .flat_map(|g| g.leaves.iter().map(copied))
+                .sum(),
         }
+    }
+
+    fn unload(&mut self, id: GraphId) -> Result<()> {
+        self.loaded(id)?;
+        self.graphs[id.0] = None;
+        Ok(())
     }
 }
 

@@ -175,3 +175,27 @@ fn out_of_range_token_ids_are_runtime_errors() {
     let ok = s.run(id, &[HostTensor::from_slice(&[2], &[3i32, 9]).unwrap()]).unwrap();
     assert_eq!(ok[0].shape, [2, 4]);
 }
+
+#[test]
+fn an_unloaded_graph_frees_its_buffers_and_others_still_run() {
+    let x = SplitMix64(5).signed_vec(4 * D, 1.0);
+    let mut s = session();
+    let pre = s.load(&attention_step(4), CompileOptions::default()).unwrap();
+    let dec = s.load(&attention_step(1), CompileOptions::default()).unwrap();
+    let before = s.memory();
+    s.run(pre, &inputs(&x, 4, 0)).unwrap();
+    let want = s.run(dec, &inputs(&x[..D], 1, 4)).unwrap()[0].to_f32_vec();
+    s.unload(pre).unwrap();
+    let after = s.memory();
+    assert!(after.planned_bytes < before.planned_bytes, "{after:?} vs {before:?}");
+    assert_eq!(after.state_bytes, before.state_bytes, "the shared cache stays");
+    let err = s.run(pre, &inputs(&x, 4, 0)).unwrap_err().to_string();
+    assert!(err.contains("no graph"), "{err}");
+    assert!(s.unload(pre).is_err(), "unloading twice");
+    // The decode graph still runs on the cache the unloaded one filled.
+    let again = s.run(dec, &inputs(&x[..D], 1, 4)).unwrap()[0].to_f32_vec();
+    assert_eq!(again, want);
+    // A new graph gets a new id.
+    let third = s.load(&attention_step(2), CompileOptions::default()).unwrap();
+    assert!(third != pre && third != dec);
+}

@@ -134,6 +134,40 @@ fn write_kernel_cache() {
 }
 
 #[test]
+fn an_unloaded_graph_frees_its_buffers_and_others_still_run() {
+    use mlxcel_core::{Backend, CompileOptions, DType, GraphBuilder, HostTensor};
+    let cuda = match CudaBackend::new() {
+        Ok(b) => b,
+        Err(e) if !required("MLXCEL_REQUIRE_CUDA") => return eprintln!("skipping CUDA unload: {e}"),
+        Err(e) => panic!("{e}"),
+    };
+    let graph = |n: usize| {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F32, &[n]);
+        let y = b.mul_scalar(x, 2.0).unwrap();
+        let y = b.add_scalar(y, 1.0).unwrap();
+        b.finish(&[y])
+    };
+    let mut s = cuda.new_session().unwrap();
+    let big = s.load(&graph(1 << 20), CompileOptions::default()).unwrap();
+    let small = s.load(&graph(5), CompileOptions::default()).unwrap();
+    let x = HostTensor::from_f32(DType::F32, &[5], &[0.0, 1.0, 2.0, 3.0, 4.0]).unwrap();
+    let xb = HostTensor::from_f32(DType::F32, &[1 << 20], &vec![1.0; 1 << 20]).unwrap();
+    // Twice each: the second run of a graph is the one captured.
+    for _ in 0..2 {
+        s.run(big, std::slice::from_ref(&xb)).unwrap();
+        s.run(small, std::slice::from_ref(&x)).unwrap();
+    }
+    let before = s.memory().planned_bytes;
+    s.unload(big).unwrap();
+    assert!(s.memory().planned_bytes < before);
+    assert!(s.run(big, std::slice::from_ref(&xb)).is_err());
+    assert!(s.unload(big).is_err());
+    let y = s.run(small, std::slice::from_ref(&x)).unwrap()[0].to_f32_vec();
+    assert_eq!(y, vec![1.0, 3.0, 5.0, 7.0, 9.0]);
+}
+
+#[test]
 fn op_cases_match_the_cpu_backend() {
     let cuda = match CudaBackend::new() {
         Ok(b) => b,

@@ -1,5 +1,6 @@
 //! Batched steps over the paged KV cache: one session, step graphs planned once per
-//! (batch bucket, tokens per row, table width, head) and replayed.
+//! (batch bucket, tokens per row, table width, head) and replayed; the least recently used
+//! is unloaded past a cap (prompt lengths vary, and every graph holds its own buffers).
 
 use std::collections::HashMap;
 
@@ -43,8 +44,15 @@ pub struct PagedEngine {
     pool_blocks: usize,
     /// Table width covering the largest context.
     max_table: usize,
-    graphs: HashMap<Key, GraphId>,
+    /// Loaded step graphs and the step that last used each.
+    graphs: HashMap<Key, (GraphId, u64)>,
+    /// Most graphs kept loaded.
+    max_graphs: usize,
+    steps: u64,
 }
+
+/// Step graphs a [`PagedEngine`] keeps loaded by default.
+pub const DEFAULT_MAX_GRAPHS: usize = 32;
 
 /// Batch sizes that get their own graph; a batch pads up to the next one.
 pub fn batch_bucket(n: usize) -> usize {
@@ -70,7 +78,20 @@ impl PagedEngine {
             pool_blocks: blocks + 1,
             max_table: max_context.div_ceil(block_size),
             graphs: HashMap::new(),
+            max_graphs: DEFAULT_MAX_GRAPHS,
+            steps: 0,
         })
+    }
+
+    /// Keeps at most `n` step graphs loaded (at least one), unloading the least recently used.
+    pub fn with_max_graphs(mut self, n: usize) -> PagedEngine {
+        self.max_graphs = n.max(1);
+        self
+    }
+
+    /// Step graphs loaded now.
+    pub fn graphs_loaded(&self) -> usize {
+        self.graphs.len()
     }
 
     pub fn model(&self) -> &Transformer {
@@ -146,8 +167,20 @@ impl PagedEngine {
     }
 
     fn graph(&mut self, key: &Key) -> Result<GraphId> {
-        if let Some(&id) = self.graphs.get(key) {
-            return Ok(id);
+        self.steps += 1;
+        if let Some((id, used)) = self.graphs.get_mut(key) {
+            *used = self.steps;
+            return Ok(*id);
+        }
+        while self.graphs.len() >= self.max_graphs {
+            let oldest = self
+                .graphs
+                .iter()
+                .min_by_key(|(_, &(_, used))| used)
+                .map(|(k, _)| k.clone());
+            let Some(oldest) = oldest else { break };
+            let (id, _) = self.graphs.remove(&oldest).expect("a loaded key");
+            self.session.unload(id)?;
         }
         let shape = StepShape {
             batch: key.batch,
@@ -158,7 +191,7 @@ impl PagedEngine {
         };
         let graph = step_graph(&self.model, self.dtype, &shape, key.logits)?;
         let id = self.session.load(&graph, CompileOptions::default())?;
-        self.graphs.insert(key.clone(), id);
+        self.graphs.insert(key.clone(), (id, self.steps));
         Ok(id)
     }
 }

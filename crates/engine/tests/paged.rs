@@ -32,9 +32,24 @@ fn batcher_prefilling(
     chunk: usize,
     prefill_tokens: usize,
 ) -> Batcher {
+    let max_graphs = mlxcel_engine::paged::DEFAULT_MAX_GRAPHS;
+    batcher_with(blocks, block_size, max_batch, chunk, prefill_tokens, max_graphs)
+}
+
+/// The same, keeping at most `max_graphs` step graphs loaded.
+fn batcher_with(
+    blocks: usize,
+    block_size: usize,
+    max_batch: usize,
+    chunk: usize,
+    prefill_tokens: usize,
+    max_graphs: usize,
+) -> Batcher {
     let (dir, _) = fixture();
     let model = mlxcel_models::load(&dir).unwrap();
-    let engine = PagedEngine::new(model, &mlxcel_cpu::CpuBackend, DType::F32, blocks, block_size, 256).unwrap();
+    let engine = PagedEngine::new(model, &mlxcel_cpu::CpuBackend, DType::F32, blocks, block_size, 256)
+        .unwrap()
+        .with_max_graphs(max_graphs);
     let sched =
         Scheduler::new(BlockPool::new(blocks, block_size), max_batch, chunk).with_prefill_tokens(prefill_tokens);
     Batcher::new(sched, engine)
@@ -148,6 +163,12 @@ fn prefill_chunks_of_several_sequences_in_one_step_give_each_its_own_tokens() {
     let mut one = batcher(64, 4, 8, 8);
     assert_eq!(run_all(&mut one, &reqs), alone);
     assert!(b.steps < one.steps, "{} steps against {}", b.steps, one.steps);
+    assert!(b.engine().graphs_loaded() > 2, "the shapes need more than two graphs");
+    // With two graphs at most, the rest are unloaded and planned again: the same tokens.
+    let mut capped = batcher_with(64, 4, 8, 8, 32, 2);
+    assert_eq!(run_all(&mut capped, &reqs), alone);
+    assert!(capped.engine().graphs_loaded() <= 2);
+    assert_eq!(capped.sched.pool.free_blocks(), 64);
 }
 
 #[test]

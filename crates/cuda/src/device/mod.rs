@@ -339,7 +339,8 @@ struct Loaded {
 pub struct CudaSession {
     gpu: Arc<Gpu>,
     states: States,
-    graphs: Vec<Loaded>,
+    /// By id; None once unloaded.
+    graphs: Vec<Option<Loaded>>,
     /// Weights uploaded once per session, shared by every graph that names the same bytes.
     uploads: Vec<(Storage, CudaSlice<u8>)>,
     /// Set by kernels that meet an out-of-range index (to the failing node's index + 1).
@@ -506,7 +507,7 @@ impl Session for CudaSession {
             .iter()
             .map(|&b| self.gpu.alloc(b))
             .collect::<Result<Vec<_>>>()?;
-        self.graphs.push(Loaded {
+        self.graphs.push(Some(Loaded {
             graph: graph.clone(),
             plan,
             leaves,
@@ -517,7 +518,7 @@ impl Session for CudaSession {
             keep_named: options.keep_named,
             runs: 0,
             exec: None,
-        });
+        }));
         Ok(GraphId(self.graphs.len() - 1))
     }
 
@@ -526,6 +527,7 @@ impl Session for CudaSession {
         let g = self
             .graphs
             .get_mut(id.0)
+            .and_then(Option::as_mut)
             .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
         check_inputs(&g.graph, inputs)?;
         let error_ptr = gpu.ptr_i32(&self.error);
@@ -576,7 +578,7 @@ impl Session for CudaSession {
                 flag - 1
             )));
         }
-        let g = &self.graphs[id.0];
+        let g = self.graphs[id.0].as_ref().expect("ran above");
         let ptr_of = |i: usize| loc_ptr(&self.gpu, g.plan.locs[i], g, &self.states);
         g.graph
             .outputs
@@ -589,6 +591,7 @@ impl Session for CudaSession {
         let g = self
             .graphs
             .get(id.0)
+            .and_then(Option::as_ref)
             .ok_or_else(|| Error::Invalid(format!("no graph {} in this session", id.0)))?;
         if !g.keep_named {
             return Err(Error::Invalid("graph was loaded without keep_named".into()));
@@ -630,11 +633,22 @@ impl Session for CudaSession {
             planned_bytes: self
                 .graphs
                 .iter()
+                .flatten()
                 .flat_map(|g| g.slots.iter().chain(&g.scratch_bufs).map(|s| s.len()))
                 .sum(),
             state_bytes: self.states.iter().map(|s| s.buf.len()).sum(),
             parameter_bytes: self.uploads.iter().map(|(_, b)| b.len()).sum(),
         }
+    }
+
+    fn unload(&mut self, id: GraphId) -> Result<()> {
+        if !matches!(self.graphs.get(id.0), Some(Some(_))) {
+            return Err(Error::Invalid(format!("no graph {} in this session", id.0)));
+        }
+        // Nothing queued may still use its buffers or its captured graph.
+        self.gpu.stream.synchronize().map_err(driver_err)?;
+        self.graphs[id.0] = None;
+        Ok(())
     }
 }
 
