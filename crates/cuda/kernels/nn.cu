@@ -510,6 +510,125 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
 ATTENTION_GQA(4)
 ATTENTION_GQA(8)
 
+// attention_gqa with one round of loads per U keys: each warp takes U consecutive keys at a time
+// and requests their keys and values together, and keeps an online softmax per head (running
+// max m, sum l, and the output rescaled whenever m grows), so values need no second pass
+// after the scores. The four warps' (output, m, l) are merged in shared memory, [4][GM][D + 2]
+// floats; the partials written are attention_split's, as attention_gqa writes them.
+// MLXCEL_ATT_ONLINE=1 takes it (not yet the default: unmeasured).
+template <int E, bool PAGED>
+__device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                     const void* kv_len, int len_kind, int len_count, float* part,
+                                                     i64 hq, i64 hkv, i64 s, float scale, i64 window, float softcap,
+                                                     i64 chunk, int* error, int tag, KvPages pg) {
+  constexpr int D = 32 * E, GM = 4, U = E == 8 ? 4 : 8;
+  extern __shared__ float att_sm[];
+  const i64 grp = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const i64 bi = grp / hkv, kvh = grp % hkv, g = hq / hkv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 row0 = bi * hq + kvh * g;
+  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
+  i64 j0 = 0, n = 0;
+  if (len < 1 || len > s) {
+    if (threadIdx.x == 0 && split == 0 && grp == 0) atomicCAS(error, 0, tag);
+  } else {
+    const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
+    j0 = split * chunk > lo_key ? split * chunk : lo_key;
+    const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
+    n = j1 > j0 ? j1 - j0 : 0;
+  }
+  float qv[GM][E], m[GM], l[GM], acc[GM][E];
+#pragma unroll
+  for (int h = 0; h < GM; h++) {
+    if (h < g) ld_run<E>(q, qdt, (row0 + h) * D + lane * E, qv[h]);
+    else
+#pragma unroll
+      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[h][e] = 0.0f;
+  }
+  const i64 kbase = (bi * hkv + kvh) * s + j0;
+  auto krow = [&](i64 jj) { return PAGED ? pg.row(bi, hkv, kvh, j0 + jj, error, tag) : kbase + jj; };
+  for (i64 jj = warp * U; jj < n; jj += 4 * U) {
+    float kf[U][E], vf[U][E];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (jj + u < n) {
+        const i64 r = krow(jj + u) * D + lane * E;
+        ld_run<E>(k, kdt, r, kf[u]);
+        ld_run<E>(v, kdt, r, vf[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (jj + u >= n) break;  // uniform across the warp
+#pragma unroll
+      for (int h = 0; h < GM; h++) {
+        if (h >= g) continue;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) d += qv[h][e] * kf[u][e];
+        d = warp_sum(d) * scale;
+        if (softcap > 0.0f) d = softcap * tanhf(d / softcap);
+        const float mn = fmaxf(m[h], d), corr = expf(m[h] - mn), p = expf(d - mn);
+        l[h] = l[h] * corr + p;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[h][e] = acc[h][e] * corr + p * vf[u][e];
+        m[h] = mn;
+      }
+    }
+  }
+  float* red = att_sm;  // [4][GM][D + 2]
+#pragma unroll
+  for (int h = 0; h < GM; h++) {
+    if (h >= g) continue;
+    float* w = red + (warp * GM + h) * (D + 2);
+#pragma unroll
+    for (int e = 0; e < E; e++) w[lane * E + e] = acc[h][e];
+    if (lane == 0) { w[D] = m[h]; w[D + 1] = l[h]; }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < g * D; idx += blockDim.x) {
+    const int h = idx / D, c = idx % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < 4; w++) mx = fmaxf(mx, red[(w * GM + h) * (D + 2) + D]);
+    float o = 0.0f, tot = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < 4; w++) {
+        const float* r = red + (w * GM + h) * (D + 2);
+        const float f = expf(r[D] - mx);  // 0 for a warp without keys (its max is -inf)
+        o += r[c] * f;
+        tot += r[D + 1] * f;
+      }
+    }
+    float* out = part + ((row0 + h) * splits + split) * (D + 2);
+    out[2 + c] = o;
+    if (c == 0) {
+      out[0] = mx;
+      out[1] = tot;
+    }
+  }
+}
+#define ATTENTION_GQA_ONLINE(E)                                                                                        \
+  extern "C" __global__ void attention_gqa_online_##E(                                                                 \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int, i64 window, float softcap, i64 chunk,          \
+      int* error, int tag) {                                                                                           \
+    attention_gqa_online<E, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, window,  \
+                                   softcap, chunk, error, tag, KvPages{});                                             \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_gqa_online_paged_##E(                                                           \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int, i64 window, float softcap, i64 chunk,          \
+      int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, i64 blocks) {                         \
+    attention_gqa_online<E, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, window,   \
+                                  softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});          \
+  }
+ATTENTION_GQA_ONLINE(4)
+ATTENTION_GQA_ONLINE(8)
+
 // A decode layer's three small kernels before attention as one launch: rope of q [B, Hq, T, D]
 // into q_out (as rope), rope of k [B, H, T, D] into its cache (as rope_kv_write) and v
 // [B, H, T, Dv] into its cache (as kv_write), all in dtype dt; q and k share positions and

@@ -840,6 +840,18 @@ pub fn node(
                 split_args.extend(pages);
                 // The grouped kernel takes the same parameters, a block per kv head.
                 let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
+                    // The online kernel's shared memory: per-warp outputs, max and sum
+                    // [4][GM][D + 2] (nn.cu, GM = 4 heads a group).
+                    Some(lane) if online_attention() => (
+                        match (lane, paged) {
+                            (4, false) => "attention_gqa_online_4",
+                            (4, true) => "attention_gqa_online_paged_4",
+                            (_, false) => "attention_gqa_online_8",
+                            (_, true) => "attention_gqa_online_paged_8",
+                        },
+                        a.b * a.hkv,
+                        4 * 4 * 4 * (32 * lane + 2),
+                    ),
                     // Shared memory (nn.cu, GM = 4 heads a group): scores [GM][chunk], per-warp
                     // outputs [4][GM][D], max and sum [2][GM].
                     Some(lane) => (
@@ -1633,6 +1645,14 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     let group = a.hq / a.hkv.max(1);
     let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 128 | 256);
     (fits && a.hkv > 0 && a.hq % a.hkv == 0 && (1..=4).contains(&group)).then_some(a.d / 32)
+}
+
+/// `MLXCEL_ATT_ONLINE=1`: grouped decode attention with each warp's keys and values requested
+/// together and an online softmax (nn.cu, attention_gqa_online), instead of scores, then
+/// values. Off by default until measured on the GPU.
+fn online_attention() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch(&ON, "MLXCEL_ATT_ONLINE", false)
 }
 
 /// The routed product grouped by expert (grouped.cu) for node `i`, where it applies: more pairs
