@@ -369,6 +369,36 @@ template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i
   }
 }
 
+// The keys [j0, j0 + n) split `split` (of `chunk` keys) of batch row bi sees in a cache of s
+// positions: the one query sits at the last position, so causal or not it sees [lo, len),
+// lo the window's start. A length outside [1, s] flags the error (block (0, 0)) and sees none.
+__device__ __forceinline__ void gqa_keys(const void* kv_len, int len_kind, int len_count, i64 bi, i64 s, i64 window,
+                                         i64 split, i64 chunk, int* error, int tag, i64* j0, i64* n) {
+  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
+  *j0 = 0;
+  *n = 0;
+  if (len < 1 || len > s) {
+    if (threadIdx.x == 0 && split == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
+    return;
+  }
+  const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
+  *j0 = split * chunk > lo_key ? split * chunk : lo_key;
+  const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
+  *n = j1 > *j0 ? j1 - *j0 : 0;
+}
+
+// This lane's E channels of the group's g query heads from row row0 on (zeros past g).
+template <int E, int GM>
+__device__ __forceinline__ void gqa_queries(const void* q, int qdt, i64 row0, i64 g, int lane, float (*qv)[E]) {
+#pragma unroll
+  for (int h = 0; h < GM; h++) {
+    if (h < g) ld_run<E>(q, qdt, (row0 + h) * 32 * E + lane * E, qv[h]);
+    else
+#pragma unroll
+      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
+  }
+}
+
 // Decode attention split over the cache for grouped queries: block (b · hkv + kv head, split)
 // takes the G = hq / hkv query heads that share a kv head (up to GM = 4) over keys
 // [split·chunk, split·chunk + chunk) of the valid range, so each key and value is read once
@@ -392,25 +422,10 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
   const i64 bi = grp / hkv, kvh = grp % hkv, g = hq / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 row0 = bi * hq + kvh * g;  // query row of the group's first head
-  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
-  i64 j0 = 0, n = 0;
-  if (len < 1 || len > s) {
-    if (threadIdx.x == 0 && split == 0 && grp == 0) atomicCAS(error, 0, tag);
-  } else {
-    // The one query sits at the last position, so causal or not it sees keys [lo, len).
-    const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
-    j0 = split * chunk > lo_key ? split * chunk : lo_key;
-    const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
-    n = j1 > j0 ? j1 - j0 : 0;
-  }
+  i64 j0, n;
+  gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
   float qv[GM][E];
-#pragma unroll
-  for (int h = 0; h < GM; h++) {
-    if (h < g) ld_run<E>(q, qdt, (row0 + h) * D + lane * E, qv[h]);
-    else
-#pragma unroll
-      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
-  }
+  gqa_queries<E, GM>(q, qdt, row0, g, lane, qv);
   const i64 kbase = (bi * hkv + kvh) * s + j0;
   auto krow = [&](i64 jj) { return PAGED ? pg.row(bi, hkv, kvh, j0 + jj, error, tag) : kbase + jj; };
   constexpr int U = 4;  // keys a warp has in flight
@@ -527,23 +542,12 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
   const i64 bi = grp / hkv, kvh = grp % hkv, g = hq / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 row0 = bi * hq + kvh * g;
-  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
-  i64 j0 = 0, n = 0;
-  if (len < 1 || len > s) {
-    if (threadIdx.x == 0 && split == 0 && grp == 0) atomicCAS(error, 0, tag);
-  } else {
-    const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
-    j0 = split * chunk > lo_key ? split * chunk : lo_key;
-    const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
-    n = j1 > j0 ? j1 - j0 : 0;
-  }
+  i64 j0, n;
+  gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
   float qv[GM][E], m[GM], l[GM], acc[GM][E];
+  gqa_queries<E, GM>(q, qdt, row0, g, lane, qv);
 #pragma unroll
   for (int h = 0; h < GM; h++) {
-    if (h < g) ld_run<E>(q, qdt, (row0 + h) * D + lane * E, qv[h]);
-    else
-#pragma unroll
-      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
     m[h] = -INFINITY;
     l[h] = 0.0f;
 #pragma unroll
