@@ -399,6 +399,17 @@ __device__ __forceinline__ void gqa_queries(const void* q, int qdt, i64 row0, i6
   }
 }
 
+// A head's score for one key, its channels E a lane: the dot product summed over the warp,
+// scaled, softcapped where asked (every lane gets it).
+template <int E>
+__device__ __forceinline__ float gqa_score(const float* qv, const float* kf, float scale, float softcap) {
+  float d = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; e++) d += qv[e] * kf[e];
+  d = warp_sum(d) * scale;
+  return softcap > 0.0f ? softcap * tanhf(d / softcap) : d;
+}
+
 // Decode attention split over the cache for grouped queries: block (b · hkv + kv head, split)
 // takes the G = hq / hkv query heads that share a kv head (up to GM = 4) over keys
 // [split·chunk, split·chunk + chunk) of the valid range, so each key and value is read once
@@ -443,11 +454,7 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
 #pragma unroll
       for (int h = 0; h < GM; h++) {
         if (h >= g) continue;
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; e++) d += qv[h][e] * kf[u][e];
-        d = warp_sum(d) * scale;
-        if (softcap > 0.0f) d = softcap * tanhf(d / softcap);
+        const float d = gqa_score<E>(qv[h], kf[u], scale, softcap);
         if (lane == 0 && jj + 4 * u < n) sc[h * chunk + jj + 4 * u] = d;
       }
     }
@@ -571,11 +578,7 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
 #pragma unroll
       for (int h = 0; h < GM; h++) {
         if (h >= g) continue;
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; e++) d += qv[h][e] * kf[u][e];
-        d = warp_sum(d) * scale;
-        if (softcap > 0.0f) d = softcap * tanhf(d / softcap);
+        const float d = gqa_score<E>(qv[h], kf[u], scale, softcap);
         const float mn = fmaxf(m[h], d), corr = expf(m[h] - mn), p = expf(d - mn);
         l[h] = l[h] * corr + p;
 #pragma unroll
