@@ -581,6 +581,34 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
   __syncthreads();
 }
 
+// The block's sum of each warp's row sums acc (lane (g, t) holds rows g and g + 8 of its
+// warp's share of k): thread i < 16 gets row i's in out[m]. Synchronizes the block once; the
+// caller synchronizes again before wpart is written anew.
+template <int NM>
+__device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpart)[NM][16], float* out) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < NM; m++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float v = acc[m][h];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) wpart[warp][m][g + 8 * h] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      float v = 0.0f;
+      for (int i = 0; i < warps; i++) v += wpart[i][m][threadIdx.x];
+      out[m] = v;
+    }
+  }
+}
+
 template <class X, int NM>
 __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
@@ -659,25 +687,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     if (c + warps < chunks) fetch(c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
-#pragma unroll
-  for (int m = 0; m < NM; m++) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float v = acc[m][h];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (t == 0) wpart[warp][m][g + 8 * h] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < 16) {
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      float v = 0.0f;
-      for (int i = 0; i < warps; i++) v += wpart[i][m][threadIdx.x];
-      out[m] = v;
-    }
-  }
+  tc_block_sum<NM>(acc, wpart, out);
   __syncthreads();  // the block's next tile reuses wpart
 }
 
@@ -930,30 +940,15 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
     c += warps;
     if (c >= chunks) {  // the tile's last chunk of this warp: the block sums and stores it
-#pragma unroll
-      for (int m = 0; m < NM; m++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          float v = acc[m][h];
-          v += __shfl_xor_sync(0xffffffffu, v, 1);
-          v += __shfl_xor_sync(0xffffffffu, v, 2);
-          if (t == 0) wpart[warp][m][g + 8 * h] = v;
-          acc[m][h] = 0.0f;
-        }
-      }
-      __syncthreads();
+      float out[NM];
+      tc_block_sum<NM>(acc, wpart, out);
       if (threadIdx.x < 16) {
         i64 row0;
         const int part = parts.locate(ctile, &row0);
-        float out[NM];
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-          float v = 0.0f;
-          for (int i = 0; i < warps; i++) v += wpart[i][m][threadIdx.x];
-          out[m] = v;
-        }
         if (row0 + threadIdx.x < parts.n[part]) epi(part, row0 + threadIdx.x, out[0], out[NM - 1]);
       }
+#pragma unroll
+      for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
       __syncthreads();
       c = warp;
       ctile += gridDim.x;

@@ -322,7 +322,7 @@ extern "C" __global__ void attention_split_paged(const void* q, int qdt, const v
 
 // y [rows, dv] from the partials of attention_split: one block per row.
 extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 dv, void* y, int ydt) {
-  pdl_trigger();  // the output product (a ring GEMV) may request its weights meanwhile
+  pdl_trigger();  // the output product (a programmatic GEMV) may request its weights meanwhile
   const i64 row = blockIdx.x;
   const float* p = part + row * splits * (dv + 2);
   float mx = -INFINITY;

@@ -146,12 +146,8 @@ impl Batcher {
                 .decode
                 .iter()
                 .map(|&id| {
-                    let s = self.sched.seq(id).expect("planned");
-                    Row {
-                        tokens: &s.tokens[s.computed..s.computed + 1],
-                        start: s.computed,
-                        table: self.sched.pool.table(id),
-                    }
+                    let at = self.sched.seq(id).expect("planned").computed;
+                    row(&self.sched, id, at, 1)
                 })
                 .collect();
             match self.engine.step(&rows, want_logits) {
@@ -171,14 +167,7 @@ impl Batcher {
             let rows: Vec<Row> = plan
                 .prefill
                 .iter()
-                .map(|&(id, start, len)| {
-                    let s = self.sched.seq(id).expect("planned");
-                    Row {
-                        tokens: &s.tokens[start..start + len],
-                        start,
-                        table: self.sched.pool.table(id),
-                    }
-                })
+                .map(|&(id, start, len)| row(&self.sched, id, start, len))
                 .collect();
             match self.engine.step(&rows, want_logits) {
                 Ok(out) => {
@@ -194,5 +183,16 @@ impl Batcher {
             }
         }
         Ok(())
+    }
+}
+
+/// The step row of planned sequence `id`: its `len` tokens from position `start`, over its
+/// block table.
+fn row(sched: &Scheduler, id: SeqId, start: usize, len: usize) -> Row<'_> {
+    let s = sched.seq(id).expect("planned");
+    Row {
+        tokens: &s.tokens[start..start + len],
+        start,
+        table: sched.pool.table(id),
     }
 }

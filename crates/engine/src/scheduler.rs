@@ -3,9 +3,10 @@
 //! Every step decodes one token for each running sequence that has finished its prefill and
 //! runs a prefill chunk of the oldest sequence still prefilling, with the next chunks of as many
 //! other prefilling sequences as have the same length and fit the step's prefill budget (one
-//! batched launch), so new requests join without stalling running streams. A sequence joins when the pool can hold its whole prompt; when a
-//! decode step finds the pool full, the youngest running sequence is preempted: its blocks go
-//! back and it waits at the head of the queue, to be recomputed from its tokens so far.
+//! batched launch), so new requests join without stalling running streams. A sequence joins
+//! when the pool can hold its whole prompt; when a decode step finds the pool full, the
+//! youngest running sequence is preempted: its blocks go back and it waits at the head of the
+//! queue, to be recomputed from its tokens so far.
 
 use std::collections::VecDeque;
 

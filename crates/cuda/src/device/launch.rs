@@ -217,21 +217,21 @@ pub(crate) fn tc_gemv_kernel(
 }
 
 /// The ring variant (gemv.cu `tc_qring`) of a tensor-core GEMV launch `l` for `nm` weights a
-/// tile (2: a GLU), where it applies: each warp streams its chunks of weights, scales and biases
-/// through `ring` shared-memory stages (cp.async) instead of one chunk in its registers. Returns
-/// the launch and the stage count, the ring kernel's last argument. Needs each row's scales to
+/// tile (2: a GLU) where it applies, else `l`: each warp streams its chunks of weights, scales
+/// and biases through shared-memory stages (cp.async) instead of one chunk in its registers.
+/// With the launch comes the ring kernel's last argument, its stage count. Needs each row's scales to
 /// start on 4 bytes. Off by default: `MLXCEL_TC_RING=N` turns it on with N stages (4 measured
 /// best; with `MLXCEL_PDL=1` it led on the 8B presets and trailed on the 1B ones,
 /// docs/benchmark_results/cuda-decode.md), `MLXCEL_RING_WARPS=N` sets the warps a block (default:
 /// the tensor-core GEMV's choice, at most 8), `MLXCEL_RING_MIN=M` the fewest weights (in 2^20
 /// values, all `nm` matrices) that take it (default 24).
 pub(crate) fn tc_ring(
-    l: &GemvLaunch,
+    l: GemvLaunch,
     nm: usize,
     k: usize,
     group: usize,
     scales: mlxcel_core::DType,
-) -> Option<(GemvLaunch, i32)> {
+) -> (GemvLaunch, Option<i32>) {
     static RING: std::sync::OnceLock<(usize, Option<usize>, usize)> = std::sync::OnceLock::new();
     let (ring, warps, least) = *RING.get_or_init(|| {
         (
@@ -241,13 +241,16 @@ pub(crate) fn tc_ring(
         )
     });
     let ssz = scales.size();
-    let weights = l.grid as usize * 16 * k * nm;
-    if ring < 2 || weights < least || !matches!(group, 32 | 64 | 128) || !(k / group * ssz).is_multiple_of(4) {
-        return None;
+    let tiles = l.grid as usize;
+    if ring < 2
+        || tiles * 16 * k * nm < least
+        || !matches!(group, 32 | 64 | 128)
+        || !(k / group * ssz).is_multiple_of(4)
+    {
+        return (l, None);
     }
     let chunks = k.div_ceil(256);
     let warps = warps.unwrap_or((l.block as usize / 32).min(8)).min(chunks);
-    let tiles = l.grid as usize;
     // A warp's items: its chunks of a tile, times the tiles of a block where blocks loop.
     let items = chunks.div_ceil(warps) * if tiles > 2 * 132 { 8 } else { 1 };
     let x = (2 * k + k / 8).next_multiple_of(16);
@@ -257,18 +260,16 @@ pub(crate) fn tc_ring(
         ring -= 1;
     }
     if ring < 2 {
-        return None;
+        return (l, None);
     }
     let name = l.name.trim_end_matches("_r0");
-    Some((
-        GemvLaunch {
-            name: intern(format!("{name}_ring")),
-            grid: l.grid,
-            block: 32 * warps as u32,
-            smem: (x + warps * ring * stage) as u32,
-        },
-        ring as i32,
-    ))
+    let ringed = GemvLaunch {
+        name: intern(format!("{name}_ring")),
+        grid: l.grid,
+        block: 32 * warps as u32,
+        smem: (x + warps * ring * stage) as u32,
+    };
+    (ringed, Some(ring as i32))
 }
 
 /// Most dynamic shared memory a ring GEMV block asks for (of the 227 KiB Hopper allows).
@@ -591,12 +592,9 @@ pub fn node(
                 I32(*group_size as i32),
             ];
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
-                let tc = tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k);
-                let ring = tc.as_ref().and_then(|l| tc_ring(l, 1, k, *group_size, input(2).dtype));
-                let stages = ring.as_ref().map(|r| r.1);
-                let l = match ring.map(|r| r.0).or(tc) {
-                    Some(l) => l,
-                    None => gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?,
+                let (l, stages) = match tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k) {
+                    Some(l) => tc_ring(l, 1, k, *group_size, input(2).dtype),
+                    None => (gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?, None),
                 };
                 let mut args = vec![
                     Ptr(ptr(0)),
@@ -1081,12 +1079,9 @@ pub(crate) fn fused(
                 Op::QuantizedMatMul { bits, group_size } => {
                     let tc = tc_gemv_kernel("qglu", xdt, bits, rows, n, k);
                     let on_tensor_cores = tc.is_some();
-                    let sdt = graph.node(ng.inputs[2]).dtype;
-                    let ring = tc.as_ref().and_then(|l| tc_ring(l, 2, k, group_size, sdt));
-                    let stages = ring.as_ref().map(|r| r.1);
-                    let l = match ring.map(|r| r.0).or(tc) {
-                        Some(l) => l,
-                        None if norm.is_none() => gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?,
+                    let (l, stages) = match tc {
+                        Some(l) => tc_ring(l, 2, k, group_size, graph.node(ng.inputs[2]).dtype),
+                        None if norm.is_none() => (gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?, None),
                         None => return Err(no_tensor_cores("GLU")),
                     };
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
@@ -1286,11 +1281,7 @@ pub(crate) fn fused(
                         I32(group_size as i32),
                     ]);
                     args.extend(norm_in_args(graph, norm, at)?);
-                    let sdt = graph.node(node.inputs[2]).dtype;
-                    let (l, stages) = match tc_ring(&l, 1, k, group_size, sdt) {
-                        Some((l, stages)) => (l, Some(stages)),
-                        None => (l, None),
-                    };
+                    let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(node.inputs[2]).dtype);
                     args.extend(stages.map(I32));
                     let l = GemvLaunch {
                         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),

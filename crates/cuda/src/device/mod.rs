@@ -668,7 +668,8 @@ impl Gpu {
         static PERSIST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let persist = launch::switch(&PERSIST, "MLXCEL_TC_PERSIST", true);
         let mut grid = l.grid;
-        if persist && (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) {
+        let tensor_cores = l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu");
+        if persist && tensor_cores {
             let f = self.func(l.name)?;
             // The occupancy of a block past 48 KiB counts only once the kernel is allowed it.
             allow_shared(&f, l.name, l.smem)?;
@@ -677,7 +678,7 @@ impl Gpu {
                 .map_err(driver_err)?;
             grid = grid.min((per_sm * self.sms).max(1));
         }
-        if (l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu")) && programmatic() {
+        if tensor_cores && programmatic() {
             return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
         }
         self.launch(l.name, grid, l.block, l.smem, args)
