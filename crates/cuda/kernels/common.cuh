@@ -111,11 +111,23 @@ __device__ __forceinline__ void pdl_trigger() {
 
 // Any float dtype by runtime code (0 f32, 1 f16, 2 bf16): for ops whose operands may differ
 // in dtype (weights widened in the kernel). The code is uniform per launch, so no divergence.
-__device__ __forceinline__ float ldf(const void* p, int dt, i64 i) {
-  if (dt == 0) return ((const float*)p)[i];
-  if (dt == 1) return F16::ld((const unsigned short*)p, i);
-  return BF16::ld((const unsigned short*)p, i);
+// ld_bits and bits_float are ldf's two halves: the raw bits now, the float where it is used
+// (a prefetch across a loop iteration). Neither branches (the load is predicated, the
+// conversion a select), so a run of ldf issues all its loads before the first conversion
+// waits; with a branch a dtype around each load and its conversion, each load had waited for
+// the one before, a memory round trip an element.
+__device__ __forceinline__ unsigned ld_bits(const void* p, int dt, i64 i) {
+  unsigned r;
+  if (dt == 0) r = ((const unsigned*)p)[i];
+  else r = ((const unsigned short*)p)[i];
+  return r;
 }
+__device__ __forceinline__ float bits_float(unsigned r, int dt) {
+  float h;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(h) : "h"((unsigned short)r));
+  return dt == 0 ? __uint_as_float(r) : dt == 1 ? h : __uint_as_float(r << 16);
+}
+__device__ __forceinline__ float ldf(const void* p, int dt, i64 i) { return bits_float(ld_bits(p, dt, i), dt); }
 __device__ __forceinline__ void stf(void* p, int dt, i64 i, float v) {
   if (dt == 0) ((float*)p)[i] = v;
   else if (dt == 1) F16::st((unsigned short*)p, i, v);

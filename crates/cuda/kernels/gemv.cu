@@ -88,6 +88,7 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
   constexpr int VALS = 128 / BITS, PER = 32 / BITS, U = 8 / R;
   const int lane = threadIdx.x & 31;
   const i64 vecs = k / VALS, groups = k / group, wrow = k / PER;
+  const int glog = group == 32 ? 5 : group == 64 ? 6 : 7;  // groups are 32, 64 or 128 values
   for (i64 v0 = 0; v0 < vecs; v0 += 32 * U) {
     uint4 q[U][R];
     float sc[U][R], bi[U][R];
@@ -99,7 +100,7 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
         const i64 col = col0 + c < n ? col0 + c : n - 1;
         if (v < vecs) {
           q[u][c] = __ldcs((const uint4*)(w + col * wrow) + v);
-          const i64 g = col * groups + v * VALS / group;
+          const i64 g = col * groups + ((v * VALS) >> glog);
           sc[u][c] = ldf(s, sdt, g);
           bi[u][c] = ldf(z, sdt, g);
         }
@@ -625,8 +626,20 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   // words t; the second mma of each pair and the lanes of runs 4-7 sit it out).
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   const bool half_last = k % 256 != 0;
+  // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
+  const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
   uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
-  auto fetch = [&](i64 c) {  // chunk c's words into q
+  // Where of chunk c this lane's scales and biases are: runs 2t and 2t + 1 of rows a and b.
+  auto scale_at = [&](i64 c, i64* at) {
+    const i64 run = c * 8 + 2 * t;
+    const i64 g0 = run < runs ? run >> gshift : 0, g1 = run < runs ? (run + 1) >> gshift : 0;
+    at[0] = ra * groups + g0, at[1] = ra * groups + g1, at[2] = rb * groups + g0, at[3] = rb * groups + g1;
+  };
+  // 16-bit scales and biases are requested with the chunk's words, a scale and its bias in one
+  // register, and converted where they are used, so neither load waits for the other (f32 ones,
+  // which would need twice the registers, are loaded where they are used).
+  unsigned sb[NM][4];
+  auto fetch = [&](i64 c) {  // chunk c's words (and 16-bit scales and biases)
     const bool full = !half_last || c + 1 < chunks;
 #pragma unroll
     for (int m = 0; m < NM; m++) {
@@ -637,6 +650,14 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       q[m][1][0] = __ldcs(pb + t);
       q[m][1][1] = full ? __ldcs(pb + t + 4) : make_uint4(0, 0, 0, 0);
     }
+    if (sdt == 0) return;
+    i64 at[4];
+    scale_at(c, at);
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        sb[m][i] = ((const unsigned short*)s[m])[at[i]] | (unsigned)((const unsigned short*)z[m])[at[i]] << 16;
   };
   if (stage) pdl_trigger();
   if (warp < chunks) fetch(warp);
@@ -653,19 +674,6 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     const bool full = !half_last || c + 1 < chunks;
     const i64 run = c * 8 + 2 * t;
     const bool in = run < runs;
-    const i64 g0 = in ? run * 32 / group : 0, g1 = in ? (run + 1) * 32 / group : 0;
-    float sc[NM][4], bi[NM][4];
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      sc[m][0] = ldf(s[m], sdt, ra * groups + g0);
-      sc[m][1] = ldf(s[m], sdt, ra * groups + g1);
-      sc[m][2] = ldf(s[m], sdt, rb * groups + g0);
-      sc[m][3] = ldf(s[m], sdt, rb * groups + g1);
-      bi[m][0] = ldf(z[m], sdt, ra * groups + g0);
-      bi[m][1] = ldf(z[m], sdt, ra * groups + g1);
-      bi[m][2] = ldf(z[m], sdt, rb * groups + g0);
-      bi[m][3] = ldf(z[m], sdt, rb * groups + g1);
-    }
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
@@ -680,6 +688,20 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         for (int m = 0; m < NM; m++)
           tc_mma_word<X>(cc[m], ((const unsigned*)&q[m][0][u])[j], ((const unsigned*)&q[m][1][u])[j], xb);
       }
+    }
+    float sc[NM][4], bi[NM][4];
+    if (sdt != 0) {
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[m][i] = bits_float(sb[m][i] & 0xffffu, sdt), bi[m][i] = bits_float(sb[m][i] >> 16, sdt);
+    } else {
+      i64 at[4];
+      scale_at(c, at);
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[m][i] = ldf(s[m], 0, at[i]), bi[m][i] = ldf(z[m], 0, at[i]);
     }
 #pragma unroll
     for (int m = 0; m < NM; m++)
@@ -1093,17 +1115,6 @@ template <class X> __device__ __forceinline__ unsigned pair_of(float v) {
   X::st(h, 0, v);
   return (unsigned)h[0] * 0x10001u;
 }
-// The raw bits of element i of a float array of dtype dt (0 f32, 1 f16, 2 bf16), and back: the
-// load issues where the value is asked for, the conversion where it is used.
-__device__ __forceinline__ unsigned ld_bits(const void* p, int dt, i64 i) {
-  return dt == 0 ? ((const unsigned*)p)[i] : (unsigned)((const unsigned short*)p)[i];
-}
-__device__ __forceinline__ float bits_float(unsigned u, int dt) {
-  if (dt == 0) return __uint_as_float(u);
-  const unsigned short h = (unsigned short)u;
-  return dt == 1 ? F16::ld(&h, 0) : BF16::ld(&h, 0);
-}
-
 template <class X, int NT, bool AHEAD>
 __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const void* s, const void* z, int sdt,
                                          void* y, int ydt, float* part, i64 rows, i64 n, i64 k, int group,
@@ -1113,6 +1124,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
   __shared__ uint4 xs[2][8 * NT * QR_STRIDE];  // two chunks of x, each [row][word j][run t]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 wrow = k / 8, groups = k / group, chunks = k / 128;
+  const int glog = group == 32 ? 5 : group == 64 ? 6 : 7;  // groups are 32, 64 or 128 values
   const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < chunks ? c0 + per_split : chunks;
   i64 base[2], ra[2], rb[2];
   bool live[2];
@@ -1126,7 +1138,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
   uint4 q[2][2];          // [tile][row g, g + 8]: run t of the chunk
   unsigned sb[2][2][2];   // [tile][row][scale, bias] bits
   auto fetch = [&](i64 c) {
-    const i64 gi = (c * 128 + 32 * t) / group;
+    const i64 gi = (c * 128 + 32 * t) >> glog;
 #pragma unroll
     for (int m = 0; m < 2; m++) {
       q[m][0] = __ldcs((const uint4*)(w + ra[m] * wrow) + c * 4 + t);

@@ -229,12 +229,15 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
 // partial (max, sum, unnormalized output) to part [rows, splits, dv + 2]; attention_combine
 // merges the splits. The length is read from device memory, so the grid is fixed for replay.
 #define ATT_MAXD 256
-template <bool PAGED>
+// KV: the cache's storage type, so its loads are plain typed loads that issue together (see
+// attention_split_kv for the dispatch on kdt).
+template <bool PAGED, class KV>
 __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, const void* k, const void* v, int kdt,
                                                      const void* kv_len, int len_kind, int len_count, float* part,
                                                      i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal,
                                                      i64 window, float softcap, i64 chunk, int* error, int tag,
                                                      KvPages pg) {
+  typedef typename KV::T T;
   __shared__ float wm[4], wl[4], wacc[4][ATT_MAXD];
   const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
@@ -263,12 +266,15 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
   }
   float m = -INFINITY, l = 0.0f;
   for (i64 j = j0 + warp; j < j1; j += 4) {
-    float dot = 0.0f;
+    float dot = 0.0f, vv[ATT_MAXD / 32];
     const i64 kr = krow(j);
+    const T* kt = (const T*)k;
+    const T* vt = (const T*)v;
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) {
+    for (int i = 0; i < ATT_MAXD / 32; i++) {  // the key and its value requested together
       const i64 c = lane + 32 * i;
-      if (c < d) dot += qv[i] * ldf(k, kdt, kr * d + c);
+      if (c < d) dot += qv[i] * KV::ld(kt, kr * d + c);
+      vv[i] = c < dv ? KV::ld(vt, kr * dv + c) : 0.0f;
     }
     float sc = warp_sum(dot) * scale;
     if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
@@ -278,7 +284,7 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) {
       const i64 c = lane + 32 * i;
-      if (c < dv) acc[i] = acc[i] * corr + e * ldf(v, kdt, kr * dv + c);
+      if (c < dv) acc[i] = acc[i] * corr + e * vv[i];
     }
     m = mn;
   }
@@ -302,12 +308,26 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
     out[2 + c] = o;
   }
 }
+template <bool PAGED>
+__device__ __forceinline__ void attention_split_kv(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                   const void* kv_len, int len_kind, int len_count, float* part,
+                                                   i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal,
+                                                   i64 window, float softcap, i64 chunk, int* error, int tag,
+                                                   KvPages pg) {
+#define SPLIT_ROWS(KV)                                                                                                 \
+  attention_split_rows<PAGED, KV>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale,     \
+                                  causal, window, softcap, chunk, error, tag, pg)
+  if (kdt == 0) SPLIT_ROWS(F32);
+  else if (kdt == 1) SPLIT_ROWS(F16);
+  else SPLIT_ROWS(BF16);
+#undef SPLIT_ROWS
+}
 extern "C" __global__ void attention_split(const void* q, int qdt, const void* k, const void* v, int kdt,
                                            const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
                                            i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
                                            float softcap, i64 chunk, int* error, int tag) {
-  attention_split_rows<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
-                              window, softcap, chunk, error, tag, KvPages{});
+  attention_split_kv<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
+                            window, softcap, chunk, error, tag, KvPages{});
 }
 // attention_split over a paged pool: its parameters, then the table, its width, the block
 // size and the pool's blocks (s is width · bs); the same for attention_gqa_paged_*.
@@ -316,8 +336,8 @@ extern "C" __global__ void attention_split_paged(const void* q, int qdt, const v
                                                  i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
                                                  float softcap, i64 chunk, int* error, int tag, const void* table,
                                                  int table_kind, i64 width, i64 bs, i64 blocks) {
-  attention_split_rows<true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
-                             window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});
+  attention_split_kv<true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
+                           window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});
 }
 
 // y [rows, dv] from the partials of attention_split: one block per row.
@@ -344,28 +364,51 @@ extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 
 }
 
 // E consecutive elements (E = 2, 4 or 8) of dtype dt from element i of p (16-byte aligned runs
-// for E = 8), as f32, with one vector load.
-template <int E> __device__ __forceinline__ void ld_run(const void* p, int dt, i64 i, float* o) {
+// for E = 8), as f32, with one vector load, in two halves: the raw words (E of them hold the
+// run in any dtype), then the floats. Callers load several runs before converting any (ld_runs),
+// so their loads are in flight together: a conversion right after each load made each wait for
+// the one before.
+template <int E> __device__ __forceinline__ void ld_run_bits(const void* p, int dt, i64 i, unsigned* r) {
   if (dt == 0) {
-    const float* f = (const float*)p + i;
-    if (E == 2) { const float2 v = *(const float2*)f; o[0] = v.x; o[1] = v.y; return; }
+    const unsigned* f = (const unsigned*)p + i;
+    if (E == 2) { const uint2 v = *(const uint2*)f; r[0] = v.x; r[1] = v.y; return; }
 #pragma unroll
     for (int e = 0; e < E; e += 4) {
-      const float4 v = *(const float4*)(f + e);
-      o[e] = v.x; o[e + 1] = v.y; o[e + 2] = v.z; o[e + 3] = v.w;
+      const uint4 v = *(const uint4*)(f + e);
+      r[e] = v.x; r[e + 1] = v.y; r[e + 2] = v.z; r[e + 3] = v.w;
     }
     return;
   }
   const unsigned short* h = (const unsigned short*)p + i;
-  unsigned u[4];
-  if (E == 2) u[0] = *(const unsigned*)h;
-  else if (E == 4) { const uint2 v = *(const uint2*)h; u[0] = v.x; u[1] = v.y; }
-  else { const uint4 v = *(const uint4*)h; u[0] = v.x; u[1] = v.y; u[2] = v.z; u[3] = v.w; }
+  if (E == 2) r[0] = *(const unsigned*)h;
+  else if (E == 4) { const uint2 v = *(const uint2*)h; r[0] = v.x; r[1] = v.y; }
+  else { const uint4 v = *(const uint4*)h; r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
+}
+template <int E> __device__ __forceinline__ void run_floats(const unsigned* r, int dt, float* o) {
+  if (dt == 0) {
+#pragma unroll
+    for (int e = 0; e < E; e++) o[e] = __uint_as_float(r[e]);
+    return;
+  }
 #pragma unroll
   for (int e = 0; e < E / 2; e++) {
-    const unsigned short lo = (unsigned short)(u[e] & 0xffffu), hi = (unsigned short)(u[e] >> 16);
-    o[2 * e] = dt == 1 ? F16::ld(&lo, 0) : BF16::ld(&lo, 0);
-    o[2 * e + 1] = dt == 1 ? F16::ld(&hi, 0) : BF16::ld(&hi, 0);
+    o[2 * e] = bits_float(r[e] & 0xffffu, dt);
+    o[2 * e + 1] = bits_float(r[e] >> 16, dt);
+  }
+}
+// U runs at elements at[u] (zeros where !live[u]): every load issued before any conversion.
+template <int E, int U>
+__device__ __forceinline__ void ld_runs(const void* p, int dt, const i64* at, const bool* live, float (*o)[E]) {
+  unsigned r[U][E];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (live[u]) ld_run_bits<E>(p, dt, at[u], r[u]);
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    if (live[u]) run_floats<E>(r[u], dt, o[u]);
+    else
+#pragma unroll
+      for (int e = 0; e < E; e++) o[u][e] = 0.0f;
   }
 }
 
@@ -390,13 +433,11 @@ __device__ __forceinline__ void gqa_keys(const void* kv_len, int len_kind, int l
 // This lane's E channels of the group's g query heads from row row0 on (zeros past g).
 template <int E, int GM>
 __device__ __forceinline__ void gqa_queries(const void* q, int qdt, i64 row0, i64 g, int lane, float (*qv)[E]) {
+  i64 at[GM];
+  bool live[GM];
 #pragma unroll
-  for (int h = 0; h < GM; h++) {
-    if (h < g) ld_run<E>(q, qdt, (row0 + h) * 32 * E + lane * E, qv[h]);
-    else
-#pragma unroll
-      for (int e = 0; e < E; e++) qv[h][e] = 0.0f;
-  }
+  for (int h = 0; h < GM; h++) at[h] = (row0 + h) * 32 * E + lane * E, live[h] = h < g;
+  ld_runs<E, GM>(q, qdt, at, live, qv);
 }
 
 // A head's score for one key, its channels E a lane: the dot product summed over the warp,
@@ -442,13 +483,14 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
   constexpr int U = 4;  // keys a warp has in flight
   for (i64 jj = warp; jj < n; jj += 4 * U) {
     float kf[U][E];
+    i64 at[U];
+    bool live[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (jj + 4 * u < n) ld_run<E>(k, kdt, krow(jj + 4 * u) * D + lane * E, kf[u]);
-      else
-#pragma unroll
-        for (int e = 0; e < E; e++) kf[u][e] = 0.0f;
+      live[u] = jj + 4 * u < n;
+      at[u] = live[u] ? krow(jj + 4 * u) * D + lane * E : 0;
     }
+    ld_runs<E, U>(k, kdt, at, live, kf);
 #pragma unroll
     for (int u = 0; u < U; u++) {
 #pragma unroll
@@ -481,10 +523,14 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
     for (int e = 0; e < E; e++) acc[h][e] = 0.0f;
   for (i64 jj = warp; jj < n; jj += 4 * U) {
     float vf[U][E];
+    i64 at[U];
+    bool live[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (jj + 4 * u < n) ld_run<E>(v, kdt, krow(jj + 4 * u) * D + lane * E, vf[u]);
+      live[u] = jj + 4 * u < n;
+      at[u] = live[u] ? krow(jj + 4 * u) * D + lane * E : 0;
     }
+    ld_runs<E, U>(v, kdt, at, live, vf);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (jj + 4 * u >= n) continue;
@@ -564,14 +610,20 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
   auto krow = [&](i64 jj) { return PAGED ? pg.row(bi, hkv, kvh, j0 + jj, error, tag) : kbase + jj; };
   for (i64 jj = warp * U; jj < n; jj += 4 * U) {
     float kf[U][E], vf[U][E];
+    i64 at[U];
+    bool live[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (jj + u < n) {
-        const i64 r = krow(jj + u) * D + lane * E;
-        ld_run<E>(k, kdt, r, kf[u]);
-        ld_run<E>(v, kdt, r, vf[u]);
-      }
+      live[u] = jj + u < n;
+      at[u] = live[u] ? krow(jj + u) * D + lane * E : 0;
     }
+    unsigned kr[U][E], vr[U][E];  // keys and values requested together, then converted
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (live[u]) ld_run_bits<E>(k, kdt, at[u], kr[u]), ld_run_bits<E>(v, kdt, at[u], vr[u]);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (live[u]) run_floats<E>(kr[u], kdt, kf[u]), run_floats<E>(vr[u], kdt, vf[u]);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (jj + u >= n) break;  // uniform across the warp
