@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """SASS of chosen kernels without a GPU: NVRTC (pip nvidia-cuda-nvrtc) compiles common.cuh plus the
 named kernel files straight to an sm_90 cubin, cuobjdump (pip nvidia-cuda-cuobjdump, with
-nvidia-cuda-nvdisasm) prints the functions asked for.
+nvidia-cuda-nvdisasm) prints the functions asked for, into /tmp/sass/FUNCTION.sass. The tools live in
+the venv .ci/run makes (target/ci-nvrtc); add the disassemblers to it once:
+    target/ci-nvrtc/bin/pip install "nvidia-cuda-cuobjdump==13.2.*" "nvidia-cuda-nvdisasm==13.2.*"
+and run with LD_LIBRARY_PATH=target/ci-nvrtc/lib/python3.11/site-packages/nvidia/cu13/lib.
 
     sass.py FILE.cu[,FILE.cu] FUNCTION... [--regs]   (--regs: ptxas registers and spills of each)
 """
 import ctypes, glob, os, subprocess, sys
+os.makedirs("/tmp/sass", exist_ok=True)
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 site = glob.glob(os.path.join(root, "target/ci-nvrtc/lib/python*/site-packages/nvidia/cu13"))[0]
 nvrtc = ctypes.CDLL(os.path.join(site, "lib/libnvrtc.so.13"))
