@@ -49,3 +49,32 @@ ncu_gemv() {
     grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Block Size|Grid Size|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|ERR|shape" $OUT/ncu-$k.txt | head -30
   done
 }
+
+# unpack_ptx: the gzipped PTX caches (.gpu/extra/ptx-*.ptx.gz, and .gpu/old's, the build a change
+# is measured against) into the cache directory.
+unpack_ptx() {
+  local f
+  for f in .gpu/extra/ptx-*.ptx.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
+  [ -f .gpu/old/ptx.gz ] && gunzip -c .gpu/old/ptx.gz > "$MLXCEL_CACHE_DIR/$(cat .gpu/old/ptx.name)"
+  return 0
+}
+
+# old NAME PRESET [VAR=VALUE ...]: bench with the build before the change (.gpu/old/mlxcel).
+old() {
+  local name=$1 preset=$2; shift 2
+  env "$@" timeout 60 .gpu/old/mlxcel bench --preset $preset --device cuda -p 512 -g 128 -r 2 --json > /tmp/$name.json 2>> /tmp/bench.err
+  echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
+}
+
+# ncu_step NAME PRESET [VAR=VALUE ...]: each kernel of a replayed decode step timed by Nsight
+# Compute (duration only, no cache flush), summed by step_kernels.py into $OUT/step-NAME.md.
+ncu_step() {
+  local name=$1 preset=$2 ncu; shift 2
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+    --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
+    .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
+  echo "== ncu step $name rc=$?"
+  python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
+  head -22 $OUT/step-$name.md
+}

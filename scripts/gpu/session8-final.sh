@@ -4,13 +4,7 @@
 # then against the build before the session's kernel changes (.gpu/old) side by side, and a
 # prefill profile of each (the third call measured llama prefill 12.5k -> 11.0k tok/s).
 source "$(dirname "$0")/common.sh"
-for f in .gpu/extra/ptx-*.ptx.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
-gunzip -c .gpu/old/ptx.gz > "$MLXCEL_CACHE_DIR/$(cat .gpu/old/ptx.name)"
-old() {
-  local name=$1 preset=$2; shift 2
-  env "$@" timeout 60 .gpu/old/mlxcel bench --preset $preset --device cuda -p 512 -g 128 -r 2 --json > /tmp/$name.json 2>> /tmp/bench.err
-  echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
-}
+unpack_ptx
 {
 t0=$SECONDS
 (timeout 240 .gpu/old/mlxcel bench --preset llama-3.2-1b-4bit --device cuda -p 16 -g 4 -r 1 > /dev/null 2> /tmp/warm-old.err; echo "old warm rc=$?") &

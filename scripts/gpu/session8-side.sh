@@ -4,23 +4,7 @@
 # Compute) after. Both builds' PTX is JIT-compiled by the driver once first, in parallel (about
 # a minute each; the second call lost its old runs to that under a 60 s timeout).
 source "$(dirname "$0")/common.sh"
-for f in .gpu/extra/ptx-*.ptx.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
-gunzip -c .gpu/old/ptx.gz > "$MLXCEL_CACHE_DIR/$(cat .gpu/old/ptx.name)"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-ncu_step() {
-  local name=$1 preset=$2; shift 2
-  env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
-    --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
-    .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
-  echo "== ncu step $name rc=$?"
-  python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
-  head -22 $OUT/step-$name.md
-}
-old() {
-  local name=$1 preset=$2; shift 2
-  env "$@" timeout 60 .gpu/old/mlxcel bench --preset $preset --device cuda -p 512 -g 128 -r 2 --json > /tmp/$name.json 2>> /tmp/bench.err
-  echo "$name $(grep -o '"decode_tps_mean"[^,]*' /tmp/$name.json) $(grep -o '"decode_tps_std"[^,]*' /tmp/$name.json) $(grep -o '"prefill_tps_mean"[^,]*' /tmp/$name.json)"
-}
+unpack_ptx
 {
 t0=$SECONDS
 (timeout 240 .gpu/old/mlxcel bench --preset llama-3.2-1b-4bit --device cuda -p 16 -g 4 -r 1 > /dev/null 2> /tmp/warm-old.err; echo "old warm rc=$?") &

@@ -5,17 +5,6 @@
 # (Nsight Compute, duration only, no cache flush: step_kernels.py), so the step's time splits
 # into kernel time and what the gaps between kernels cost. $OUT/report.txt + step tables.
 source "$(dirname "$0")/common.sh"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-# ncu_step NAME PRESET [VAR=VALUE ...]: kernel durations of a replayed decode step.
-ncu_step() {
-  local name=$1 preset=$2; shift 2
-  env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
-    --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
-    .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
-  echo "== ncu step $name rc=$?"
-  python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
-  head -25 $OUT/step-$name.md
-}
 {
 t0=$SECONDS
 gpu_checks
