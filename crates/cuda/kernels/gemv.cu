@@ -610,10 +610,30 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
   }
 }
 
+// The tile-packed layout of a 4-bit weight (device/pack.rs writes it; n a multiple of 16, k of
+// 256), flagged by Q4_PACKED in a launch's group argument: each 16-row tile's chunks of 256
+// values one after another, a chunk 2 KB in four 512-byte slots (row a's word t, row b's word t,
+// row a's word t + 4, row b's word t + 4 of lane (g, t), rows a = g and b = g + 8), so each of a
+// warp's loads is 512 contiguous bytes and a tile is one contiguous run. Scales and biases
+// follow the same order: each chunk's 16 rows of 256 / group values, row by row.
+#define Q4_PACKED (1 << 16)
+// Also in a launch's group argument: each warp requests its first chunk of the block's next
+// tile (next0, in the same weights) when it is done with its chunks of this one, so the block's
+// sum and store overlap those loads (off: each tile's first loads wait for them).
+#define Q4_AHEAD (1 << 17)
+// A warp's weights in flight between tc_qdot calls: [matrix][row a, b][word t, t + 4], and each
+// matrix's four 16-bit scale | bias pairs.
+template <int NM> struct TcFetch {
+  uint4 q[NM][2][2];
+  unsigned sb[NM][4];
+};
+
+// `have`: the call before requested this tile's first chunk (Q4_AHEAD); the next tile's row0
+// (in the same weights) is next0, or -1.
 template <class X, int NM>
 __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
-                                        i64 k, int group, float* out) {
+                                        i64 k, int group, float* out, TcFetch<NM>& f, bool have, i64 next0) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -621,28 +641,54 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
-  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
   // k a multiple of 128: where it is not one of 256, the last chunk is half (its runs 0-3, the
   // words t; the second mma of each pair and the lanes of runs 4-7 sit it out).
+  const bool packed = group & Q4_PACKED, ahead = group & Q4_AHEAD;
+  group &= Q4_PACKED - 1;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
-  const bool half_last = k % 256 != 0;
+  const bool half_last = k % 256 != 0;  // never when packed
   // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
   const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
-  uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
-  // Where of chunk c this lane's scales and biases are: runs 2t and 2t + 1 of rows a and b.
-  auto scale_at = [&](i64 c, i64* at) {
+  uint4(&q)[NM][2][2] = f.q;
+  unsigned(&sb)[NM][4] = f.sb;
+  // This lane's rows a and b of the tile at r0 (clamped to the last row).
+  auto rows_of = [&](i64 r0, i64& ra, i64& rb) {
+    ra = r0 + g < n ? r0 + g : n - 1, rb = r0 + g + 8 < n ? r0 + g + 8 : n - 1;
+  };
+  // Where of chunk c of the tile at r0 this lane's scales and biases are: runs 2t and 2t + 1
+  // of rows a and b.
+  auto scale_at = [&](i64 r0, i64 c, i64* at) {
+    if (packed) {
+      const int per = 8 >> gshift;  // groups a chunk row
+      const i64 rows = ((r0 >> 4) * chunks + c) * 16;
+      const int g0 = (2 * t) >> gshift, g1 = (2 * t + 1) >> gshift;
+      at[0] = (rows + g) * per + g0, at[1] = (rows + g) * per + g1;
+      at[2] = (rows + g + 8) * per + g0, at[3] = (rows + g + 8) * per + g1;
+      return;
+    }
     const i64 run = c * 8 + 2 * t;
     const i64 g0 = run < runs ? run >> gshift : 0, g1 = run < runs ? (run + 1) >> gshift : 0;
+    i64 ra, rb;
+    rows_of(r0, ra, rb);
     at[0] = ra * groups + g0, at[1] = ra * groups + g1, at[2] = rb * groups + g0, at[3] = rb * groups + g1;
   };
   // 16-bit scales and biases are requested with the chunk's words, a scale and its bias in one
   // register, and converted where they are used, so neither load waits for the other (f32 ones,
   // which would need twice the registers, are loaded where they are used).
-  unsigned sb[NM][4];
-  auto fetch = [&](i64 c) {  // chunk c's words (and 16-bit scales and biases)
+  auto fetch = [&](i64 r0, i64 c) {  // chunk c's words (and 16-bit scales and biases)
     const bool full = !half_last || c + 1 < chunks;
+    i64 ra, rb;
+    rows_of(r0, ra, rb);
 #pragma unroll
     for (int m = 0; m < NM; m++) {
+      if (packed) {
+        const uint4* p = (const uint4*)w[m] + ((r0 >> 4) * chunks + c) * 128 + lane;
+        q[m][0][0] = __ldcs(p);
+        q[m][1][0] = __ldcs(p + 32);
+        q[m][0][1] = __ldcs(p + 64);
+        q[m][1][1] = __ldcs(p + 96);
+        continue;
+      }
       const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
       const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
       q[m][0][0] = __ldcs(pa + t);
@@ -652,7 +698,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     }
     if (sdt == 0) return;
     i64 at[4];
-    scale_at(c, at);
+    scale_at(r0, c, at);
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -660,7 +706,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         sb[m][i] = ((const unsigned short*)s[m])[at[i]] | (unsigned)((const unsigned short*)z[m])[at[i]] << 16;
   };
   if (stage) pdl_trigger();
-  if (warp < chunks) fetch(warp);
+  if (!have && warp < chunks) fetch(row0, warp);
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -697,7 +743,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         for (int i = 0; i < 4; i++) sc[m][i] = bits_float(sb[m][i] & 0xffffu, sdt), bi[m][i] = bits_float(sb[m][i] >> 16, sdt);
     } else {
       i64 at[4];
-      scale_at(c, at);
+      scale_at(row0, c, at);
 #pragma unroll
       for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -706,7 +752,8 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 #pragma unroll
     for (int m = 0; m < NM; m++)
       if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
-    if (c + warps < chunks) fetch(c + warps);
+    if (c + warps < chunks) fetch(row0, c + warps);
+    else if (ahead && next0 >= 0) fetch(next0, warp);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
   tc_block_sum<NM>(acc, wpart, out);
@@ -729,16 +776,22 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
+    TcFetch<1> f;                                                                                                     \
+    bool have = false;                                                                                                \
     for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
       i64 row0 = tile * 16;                                                                                           \
       const unsigned* w = w0;                                                                                         \
       const void *s = s0, *z = z0;                                                                                    \
       void* y = y0;                                                                                                   \
-      i64 n = n0;                                                                                                     \
-      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                               \
-      else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                    \
+      i64 n = n0, first = 0; /* the weight's first row among all */                                                  \
+      if (row0 >= n0 + n1) { first = n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                              \
+      else if (row0 >= n0) { first = n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                   \
+      row0 -= first;                                                                                                  \
+      /* the next tile, where it is in the same weight */                                                             \
+      const i64 next0 = (tile + gridDim.x) * 16 - first < n ? (tile + gridDim.x) * 16 - first : -1;                  \
       float out[1];                                                                                                   \
-      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
+      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out, f, have, next0);          \
+      have = (group & Q4_AHEAD) && next0 >= 0;                                                                        \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
@@ -757,9 +810,11 @@ TC_QGEMV3(bf16, BF16, _r0, )
     const void* ss[1] = {s};                                                                                          \
     const void* zs[1] = {z};                                                                                          \
     float out[1];                                                                                                     \
+    TcFetch<1> f;                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
-      const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
+      const i64 row0 = tile * 16, next0 = row0 + 16 * (i64)gridDim.x < n ? row0 + 16 * (i64)gridDim.x : -1;          \
+      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, f,                      \
+                    tile != blockIdx.x && (group & Q4_AHEAD), next0);                                                 \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
@@ -772,9 +827,11 @@ TC_QGEMV3(bf16, BF16, _r0, )
     const void* ss[2] = {sg, su};                                                                                     \
     const void* zs[2] = {zg, zu};                                                                                     \
     float out[2];                                                                                                     \
+    TcFetch<2> f;                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
-      const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 2>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                         \
+      const i64 row0 = tile * 16, next0 = row0 + 16 * (i64)gridDim.x < n ? row0 + 16 * (i64)gridDim.x : -1;          \
+      tc_qdot<X, 2>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, f,                       \
+                    tile != blockIdx.x && (group & Q4_AHEAD), next0);                                                 \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
@@ -1034,7 +1091,8 @@ __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const 
     se[m] = (const char*)s[m] + rows * groups * ssz;
     ze[m] = (const char*)z[m] + rows * groups * ssz;
   }
-  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out);
+  TcFetch<NM> f;
+  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out, f, false, -1);
   return true;
 }
 

@@ -6,6 +6,7 @@
 
 #[cfg(feature = "cuda")]
 mod device;
+pub mod pack;
 
 #[cfg(not(feature = "cuda"))]
 use mlxcel_core::Error;

@@ -471,6 +471,27 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0); 3],
         });
     }
+    // Tall products and a tall GLU, so each tensor-core block loops over several 16-row tiles
+    // (what MLXCEL_TC_AHEAD changes), in each group size (what MLXCEL_TC_PACK's scale order
+    // depends on).
+    for (act, group) in [(DType::F16, 32usize), (DType::BF16, 64), (DType::F16, 128)] {
+        let k = 1024;
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[1, 1, k]);
+        let y = projection(&mut b, x, 31, (32768, k), (4, group), act);
+        let g = projection(&mut b, x, 32, (16384, k), (4, group), act);
+        let g = b.silu(g).unwrap();
+        let u = projection(&mut b, x, 33, (16384, k), (4, group), act);
+        let h = b.mul(g, u).unwrap();
+        let graph = b.finish(&[y, h]);
+        cases.push(OpCase {
+            name: format!("tall products {act} group {group}"),
+            graph: passed(&graph),
+            inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(34, k)).unwrap()],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(4.0); 2],
+        });
+    }
     let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -272,6 +272,27 @@ pub(crate) fn tc_ring(
     (ringed, Some(ring as i32))
 }
 
+/// The group argument of a (not ring) tensor-core GEMV launch with gemv.cu's flags, and its
+/// weights: each weight's (words, scales, biases) addresses in `mats` become their tile-packed
+/// copies (`MLXCEL_TC_PACK=1`, flag Q4_PACKED) where every weight of the launch has them;
+/// `MLXCEL_TC_AHEAD=1` adds Q4_AHEAD (each warp requests the block's next tile before the
+/// block's sum). Both off by default: not yet measured on a GPU.
+fn tc_group(gpu: &Gpu, mats: &mut [[u64; 3]], group: usize) -> i32 {
+    const Q4_PACKED: i32 = 1 << 16;
+    const Q4_AHEAD: i32 = 1 << 17;
+    static AHEAD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let mut code = group as i32;
+    if switch(&AHEAD, "MLXCEL_TC_AHEAD", false) {
+        code |= Q4_AHEAD;
+    }
+    let packed: Option<Vec<[u64; 3]>> = mats.iter().map(|m| gpu.packed(m[0], m[1], m[2])).collect();
+    if let Some(p) = packed {
+        mats.copy_from_slice(&p);
+        code |= Q4_PACKED;
+    }
+    code
+}
+
 /// Most dynamic shared memory a ring GEMV block asks for (of the 227 KiB Hopper allows).
 const MAX_RING_BYTES: usize = 200 << 10;
 
@@ -596,18 +617,25 @@ pub fn node(
                     Some(l) => tc_ring(l, 1, k, *group_size, input(2).dtype),
                     None => (gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?, None),
                 };
+                let mut mats = [[ptr(1), ptr(2), ptr(3)]];
+                let group = if l.name.starts_with("tc_") && stages.is_none() {
+                    tc_group(gpu, &mut mats, *group_size)
+                } else {
+                    *group_size as i32
+                };
+                let [w, sc, bi] = mats[0];
                 let mut args = vec![
                     Ptr(ptr(0)),
                     I32(m as i32),
-                    Ptr(ptr(1)),
-                    Ptr(ptr(2)),
-                    Ptr(ptr(3)),
+                    Ptr(w),
+                    Ptr(sc),
+                    Ptr(bi),
                     I32(fcode(input(2).dtype)?),
                     Ptr(out),
                     I32(fcode(node.dtype)?),
                     I64(nn as i64),
                     I64(k as i64),
-                    I32(*group_size as i32),
+                    I32(group),
                 ];
                 args.extend(stages.map(I32));
                 return gpu.launch_gemv(&l, &args);
@@ -1084,14 +1112,20 @@ pub(crate) fn fused(
                         None if norm.is_none() => (gemv_kernel("qglu", xdt, bits_name(bits), rows, n, k)?, None),
                         None => return Err(no_tensor_cores("GLU")),
                     };
+                    let mut mats = [*g, *u].map(|j| [at(input(j, 1)), at(input(j, 2)), at(input(j, 3))]);
+                    let group = if on_tensor_cores && stages.is_none() {
+                        tc_group(gpu, &mut mats, group_size)
+                    } else {
+                        group_size as i32
+                    };
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
-                    for j in [*g, *u] {
-                        args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
+                    for m in mats {
+                        args.extend(m.map(Ptr));
                     }
                     args.push(I32(fcode(graph.node(ng.inputs[2]).dtype)?));
                     args.push(Ptr(at(i)));
                     args.extend(codes);
-                    args.extend([I64(n as i64), I64(k as i64), I32(group_size as i32)]);
+                    args.extend([I64(n as i64), I64(k as i64), I32(group)]);
                     if on_tensor_cores {
                         args.extend(norm_in_args(graph, norm, at)?);
                     }
@@ -1274,14 +1308,26 @@ pub(crate) fn fused(
                 Op::QuantizedMatMul { bits, group_size } => {
                     let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
                         .ok_or_else(|| no_tensor_cores("fused products"))?;
+                    let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(node.inputs[2]).dtype);
+                    let mut group = group_size as i32;
+                    if stages.is_none() {
+                        // Each part's weight, scales and biases follow x: 5 arguments a part.
+                        let mut mats: Vec<[u64; 3]> =
+                            parts.iter().map(|&p| [1, 2, 3].map(|j| at(input(p, j)))).collect();
+                        group = tc_group(gpu, &mut mats, group_size);
+                        for (slot, m) in mats.iter().enumerate() {
+                            for (j, &p) in m.iter().enumerate() {
+                                args[1 + 5 * slot + j] = Ptr(p);
+                            }
+                        }
+                    }
                     args.extend([
                         I32(fcode(graph.node(node.inputs[2]).dtype)?),
                         I32(fcode(node.dtype)?),
                         I64(k as i64),
-                        I32(group_size as i32),
+                        I32(group),
                     ]);
                     args.extend(norm_in_args(graph, norm, at)?);
-                    let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(node.inputs[2]).dtype);
                     args.extend(stages.map(I32));
                     let l = GemvLaunch {
                         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),

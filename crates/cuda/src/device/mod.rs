@@ -136,6 +136,10 @@ pub struct Gpu {
     funcs: std::sync::Mutex<HashMap<&'static str, CudaFunction>>,
     /// Streaming multiprocessors of the device.
     sms: u32,
+    /// Tile-packed copies of 4-bit weights, scales and biases (`MLXCEL_TC_PACK=1`, pack.rs) by
+    /// the device address of the row-major upload they copy; a session removes its own when it
+    /// ends, before its buffers are freed.
+    packed: std::sync::Mutex<HashMap<u64, u64>>,
 }
 
 impl Gpu {
@@ -164,6 +168,7 @@ impl Gpu {
             module,
             funcs: Default::default(),
             sms,
+            packed: Default::default(),
         }))
     }
 
@@ -189,6 +194,13 @@ impl Gpu {
 
     fn ptr(&self, s: &CudaSlice<u8>) -> u64 {
         s.device_ptr(&self.stream).0
+    }
+
+    /// The tile-packed copies of a 4-bit weight's words, scales and biases at these row-major
+    /// addresses, where the session made them (all three or none).
+    pub(crate) fn packed(&self, w: u64, s: u64, z: u64) -> Option<[u64; 3]> {
+        let map = self.packed.lock().expect("packed weights lock");
+        Some([*map.get(&w)?, *map.get(&s)?, *map.get(&z)?])
     }
 }
 
@@ -343,6 +355,8 @@ pub struct CudaSession {
     graphs: Vec<Option<Loaded>>,
     /// Weights uploaded once per session, shared by every graph that names the same bytes.
     uploads: Vec<(Storage, CudaSlice<u8>)>,
+    /// Tile-packed copies of some of them (`Gpu::packed`), by the row-major address.
+    packed: Vec<(u64, CudaSlice<u8>)>,
     /// Set by kernels that meet an out-of-range index (to the failing node's index + 1).
     error: CudaSlice<i32>,
     /// Capture each graph into a CUDA graph on its second run (`MLXCEL_CUDA_GRAPH=0`: never).
@@ -362,6 +376,7 @@ impl CudaSession {
             states: States::default(),
             graphs: Vec::new(),
             uploads: Vec::new(),
+            packed: Vec::new(),
             error,
         })
     }
@@ -377,6 +392,71 @@ impl CudaSession {
         let p = self.gpu.ptr(&buf);
         self.uploads.push((t.data.clone(), buf));
         Ok(p)
+    }
+
+    /// With `MLXCEL_TC_PACK=1`, tile-packed copies (pack.rs) of the weight, scales and biases
+    /// of each 4-bit product of `graph` whose shape allows them, beside the row-major uploads:
+    /// the tensor-core GEMV reads those, every other kernel the row-major ones. An experiment
+    /// (the weights' memory is held twice), off by default.
+    fn pack_weights(&mut self, graph: &Graph) -> Result<()> {
+        static PACK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !launch::switch(&PACK, "MLXCEL_TC_PACK", false) {
+            return Ok(());
+        }
+        let leaf = |id: mlxcel_core::NodeId| match &graph.node(id).op {
+            Op::Parameter { data, .. } | Op::Constant { data } => Some(data),
+            _ => None,
+        };
+        for node in &graph.nodes {
+            let Op::QuantizedMatMul { bits: 4, group_size } = node.op else {
+                continue;
+            };
+            let (Some(w), Some(sc), Some(bi)) = (leaf(node.inputs[1]), leaf(node.inputs[2]), leaf(node.inputs[3]))
+            else {
+                continue;
+            };
+            let (n, k) = match w.shape[..] {
+                [n, words] => (n, words * 8),
+                _ => continue,
+            };
+            let sixteen = matches!(sc.dtype, DType::F16 | DType::BF16) && bi.dtype == sc.dtype;
+            if !sixteen || !crate::pack::packable(n, k, group_size) || w.dtype != DType::U32 {
+                continue;
+            }
+            let words: Vec<u32> = w
+                .bytes()
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let packed_words = crate::pack::pack_q4_words(&words, n, k);
+            let bytes: Vec<u8> = packed_words.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.upload_packed(w, &bytes)?;
+            for t in [sc, bi] {
+                let vals: Vec<u16> = t
+                    .bytes()
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                let packed_vals = crate::pack::pack_q4_groups(&vals, n, k, group_size);
+                let bytes: Vec<u8> = packed_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+                self.upload_packed(t, &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Uploads `bytes`, the packed copy of `t` (uploaded itself first), once per session.
+    fn upload_packed(&mut self, t: &HostTensor, bytes: &[u8]) -> Result<()> {
+        let key = self.upload(t)?;
+        if self.packed.iter().any(|(k, _)| *k == key) {
+            return Ok(());
+        }
+        let mut buf = self.gpu.alloc(bytes.len())?;
+        self.gpu.stream.memcpy_htod(bytes, &mut buf).map_err(driver_err)?;
+        let p = self.gpu.ptr(&buf);
+        self.gpu.packed.lock().expect("packed weights lock").insert(key, p);
+        self.packed.push((key, buf));
+        Ok(())
     }
 
     fn download(&self, ptr_of: &dyn Fn(usize) -> u64, g: &Loaded, i: usize) -> Result<HostTensor> {
@@ -453,6 +533,7 @@ impl Session for CudaSession {
         for node in &graph.nodes {
             check_node(graph, node)?;
         }
+        self.pack_weights(graph)?;
         let mut state_of = vec![0; graph.nodes.len()];
         let mut leaf_of = vec![0; graph.nodes.len()];
         let mut leaves = Vec::new();
@@ -795,6 +876,11 @@ mod profile;
 
 impl Drop for CudaSession {
     fn drop(&mut self) {
+        let mut map = self.gpu.packed.lock().expect("packed weights lock");
+        for (key, _) in &self.packed {
+            map.remove(key);
+        }
+        drop(map);
         if let Some(p) = &self.profile {
             eprint!("{}", p.report());
         }
