@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The representative benchmark sweep: every `mlxcel bench` preset, then every real model folder
-# under models/, each with `mlxcel bench --json`, gathered into one markdown table. Run it before
+# The representative benchmark sweep: every `mlxcel bench` preset, then every real model under
+# models/ (a model folder, or the GGUF files of one), each with `mlxcel bench --json`, gathered into one markdown table. Run it before
 # and after any performance change, on the same machine.
 #
 #   scripts/bench_representative.sh [-o OUT.md] [--only P1,P2] [-- extra bench flags]
@@ -56,9 +56,15 @@ for p in $("$bin" bench --list-presets); do
   wanted "$p" && run "$p" --preset "$p"
 done
 for d in models/*/; do
-  [ -f "$d/config.json" ] || continue
   name=$(basename "$d")
-  wanted "$name" && run "$name" --model "$d"
+  if [ -f "$d/config.json" ]; then
+    wanted "$name" && run "$name" --model "$d"
+  else
+    # The GGUF files scripts/get-models.sh fetches (one a folder).
+    for f in "$d"*.gguf; do
+      [ -f "$f" ] && wanted "$name" && run "$name" --model "$f"
+    done
+  fi
 done
 
 commit="${MLXCEL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"

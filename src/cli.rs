@@ -103,6 +103,9 @@ pub struct ServeArgs {
     /// Largest request body.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Use this tokenizer.json instead of the model's own (the folder's files or the GGUF's).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 #[derive(Args)]

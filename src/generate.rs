@@ -61,7 +61,7 @@ fn sampler(s: &SamplingArgs) -> Result<SamplerSettings> {
 }
 
 /// The model's tokenizer: a `--tokenizer` override, the GGUF's own, or the folder's files.
-fn tokenizer(model: &Path, file: Option<&Path>) -> Result<Tokenizer> {
+pub(crate) fn tokenizer(model: &Path, file: Option<&Path>) -> Result<Tokenizer> {
     let gguf = mlxcel_models::is_gguf(model);
     let config_dir = if gguf {
         model.parent().unwrap_or(Path::new("."))

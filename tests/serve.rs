@@ -29,9 +29,13 @@ impl Drop for Server {
 }
 
 fn serve(extra: &[&str]) -> Server {
-    let dir = fixture();
+    serve_model(&fixture(), extra)
+}
+
+/// `mlxcel serve` of the model at `model` (a folder or a GGUF file) on a free loopback port.
+fn serve_model(model: &std::path::Path, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
-        .args(["serve", "-m", dir.to_str().unwrap(), "--device", "cpu", "--port", "0"])
+        .args(["serve", "-m", model.to_str().unwrap(), "--device", "cpu", "--port", "0"])
         .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -731,4 +735,53 @@ fn the_openai_python_client_works_unchanged() {
     );
     assert!(out.status.success(), "{o}\n{e}");
     assert!(o.contains("openai client: all checks passed"), "{o}\n{e}");
+}
+
+/// The default model, a GGUF file (`scripts/get-models.sh smollm2`), served with its own
+/// tokenizer and chat template: the greedy reply and the prompt's token count equal what
+/// `mlxcel generate` gives for the same message. Skipped when the file is missing, unless
+/// MLXCEL_REQUIRE_MODELS lists it (CI).
+#[test]
+fn a_gguf_model_serves_with_its_own_tokenizer_and_template() {
+    let name = "smollm2-135m-instruct";
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        let required = std::env::var("MLXCEL_REQUIRE_MODELS").unwrap_or_default();
+        assert!(
+            !required.split(',').any(|m| m.trim() == name || m.trim() == "all"),
+            "{} is missing and MLXCEL_REQUIRE_MODELS asks for it",
+            path.display()
+        );
+        return eprintln!("skipping: {} not found (scripts/get-models.sh smollm2)", path.display());
+    }
+    let message = "What is the capital of France?";
+    let server = serve_model(&path, &["--max-batch-size", "2", "--max-context", "256"]);
+    let body = json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": 12,
+        "temperature": 0,
+    });
+    let r = post(&server.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let served = r.json();
+    assert_eq!(served["model"], "SmolLM2-135M-Instruct.Q4_1");
+    let out = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
+        .args(["generate", "-m", path.to_str().unwrap(), "--device", "cpu"])
+        .args(["-p", message, "-n", "12", "--temp", "0", "--json"])
+        .output()
+        .expect("mlxcel generate runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let generated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        served["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        generated["prompt_tokens"].as_array().unwrap().len(),
+        "the same chat template and tokenizer"
+    );
+    let text = served["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!text.trim().is_empty(), "{served}");
+    assert_eq!(text, generated["text"].as_str().unwrap(), "the greedy reply");
 }

@@ -65,7 +65,8 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
     ensure!(args.block_size > 0, "--block-size must be positive");
     ensure!(args.max_queue > 0, "--max-queue must be positive");
     let backend = crate::backend(global.device)?;
-    let tokenizer = Tokenizer::from_dir(dir).context("serve needs the model's tokenizer")?;
+    let tokenizer =
+        crate::generate::tokenizer(dir, args.tokenizer.as_deref()).context("serve needs the model's tokenizer")?;
     let (policy, _) = crate::dtype::resolve(global.dtype.as_deref(), Some(dir))?;
     let (model, plan) = crate::progress::load_model(dir, policy, backend.name())?;
     let dtype = plan.activation_dtype(&model);
@@ -97,9 +98,13 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
     std::thread::Builder::new()
         .name("mlxcel-engine".into())
         .spawn(move || worker::run(batcher, rx, worker_stats))?;
-    let model_id = dir
-        .file_name()
-        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    // The folder's name, or a GGUF file's without its extension.
+    let name = if dir.is_file() {
+        dir.file_stem()
+    } else {
+        dir.file_name()
+    };
+    let model_id = name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
     let state = Arc::new(AppState {
         model_id,
         tokenizer: Arc::new(tokenizer),
