@@ -326,3 +326,39 @@ fn logprobs_come_with_each_token_and_do_not_depend_on_the_batch() {
         }
     }
 }
+
+/// A step that fails (here a token id past the vocabulary, which the embedding gather refuses)
+/// ends every sequence it ran with `Failed` and gives back their blocks; sequences outside that
+/// step go on, and the pool is whole again once they finish.
+#[test]
+fn a_failed_step_fails_its_sequences_and_frees_their_blocks() {
+    let mut b = batcher(64, 4, 8, 16);
+    let total = b.sched.pool.free_blocks();
+    b.add(1, vec![1, 2, 3, 4, 5], greedy(6));
+    // Sequence 1 prefills alone first, so the bad prompt's prefill is a step of its own.
+    let mut events: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut record = |id: u64, ev: Event| {
+        let e = match ev {
+            Event::Token(t, _) => format!("token {t}"),
+            Event::Finished(r) => format!("finished {r:?}"),
+            Event::Failed(e) => format!("failed {e}"),
+        };
+        events.entry(id).or_default().push(e);
+    };
+    b.step(&mut record).unwrap();
+    b.add(2, vec![7, 1_000_000, 9], greedy(6));
+    for _ in 0..100 {
+        if b.is_idle() {
+            break;
+        }
+        b.step(&mut record).unwrap();
+    }
+    assert!(b.is_idle());
+    let bad = &events[&2];
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].starts_with("failed"), "{bad:?}");
+    let good = &events[&1];
+    assert_eq!(good.iter().filter(|e| e.starts_with("token")).count(), 6, "{good:?}");
+    assert!(good.last().unwrap().starts_with("finished"), "{good:?}");
+    assert_eq!(b.sched.pool.free_blocks(), total, "every block back in the pool");
+}
