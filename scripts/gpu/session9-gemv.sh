@@ -6,7 +6,8 @@
 #      chunks in flight, across tiles or not, and packed ranges without barriers.
 #   2. op cases, fused patterns (tall products loop over tiles) and parity: default, then with
 #      MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1, then also MLXCEL_TC_WARPS=16 (more tiles a block).
-#   3. decode side by side in one process per configuration: default, AHEAD, PACK, both.
+#   3. decode side by side in one process per configuration: default, AHEAD, PACK, both; the
+#      MoE preset with the branch-free router selection (MLXCEL_ROUTE_KEYED=1) too.
 # Stage with ../shared/gpu/stage, keep gpu-test, parity_cuda-test and memory_patterns-test in
 # .gpu/tests, gzip the PTX cache into .gpu/extra (README.md); carry [".gpu"].
 source "$(dirname "$0")/common.sh"
@@ -20,7 +21,7 @@ grep "^|" $OUT/patterns.md
 wait
 echo "== checks, default [t=$((SECONDS - t0))]"
 gpu_checks
-for vars in "MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1" "MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1 MLXCEL_TC_WARPS=16"; do
+for vars in "MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1 MLXCEL_ROUTE_KEYED=1" "MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1 MLXCEL_TC_WARPS=16"; do
   echo "== checks, $vars [t=$((SECONDS - t0))]"
   env $vars MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
   grep -E "test result|differ|panicked|FAIL|mismatch" /tmp/tests.txt | head -20
@@ -33,6 +34,9 @@ for p in llama-3.1-8b-4bit qwen3-8b-4bit llama-3.2-1b-4bit; do
   bench pack-$p $p MLXCEL_TC_PACK=1
   bench both-$p $p MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1
 done
+bench def-moe qwen3-30b-a3b-4bit
+bench keyed-moe qwen3-30b-a3b-4bit MLXCEL_ROUTE_KEYED=1
+bench all-moe qwen3-30b-a3b-4bit MLXCEL_ROUTE_KEYED=1 MLXCEL_TC_PACK=1 MLXCEL_TC_AHEAD=1
 echo "[t=$((SECONDS - t0))]"
 tail -3 /tmp/bench.err
 } > $OUT/report.txt 2>&1

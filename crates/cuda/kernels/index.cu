@@ -99,6 +99,41 @@ __device__ __forceinline__ int warp_select_next(const float* v, i64 n, int high,
   return bi;
 }
 
+// The same selection without branches: each candidate as one 64-bit key whose order is the sort
+// order (the value's bits made monotonic, NaN above everything, -0 as +0; below them the index,
+// complemented unless `high`), a warp maximum of the keys, and the winner's value read back from
+// the key. Picks what warp_select_next picks for every input (n <= 2^31), returning a NaN as the
+// canonical one and -0 as +0; `before`'s branches made each round of that one a chain of
+// divergent paths.
+__device__ __forceinline__ unsigned long long order_key(float f, int i, int high) {
+  unsigned b = __float_as_uint(f == 0.0f ? 0.0f : f);
+  const unsigned u = isnan(f) ? 0xffffffffu : (b & 0x80000000u) ? ~b : b | 0x80000000u;
+  return (unsigned long long)u << 32 | (high ? (unsigned)i : ~(unsigned)i);
+}
+template <int T>
+__device__ __forceinline__ int warp_select_key(const float* v, i64 n, int high, int lane, unsigned& taken,
+                                               float& bv) {
+  unsigned long long best = 0;  // no candidate: every real key has a nonzero high word
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    const int i = lane + 32 * t;
+    const unsigned long long key = i < n && !((taken >> t) & 1u) ? order_key(v[t], i, high) : 0ull;
+    best = key > best ? key : best;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+    best = o > best ? o : best;
+  }
+  const unsigned low = (unsigned)best, u = (unsigned)(best >> 32);
+  const int bi = best == 0 ? -1 : (int)(high ? low : ~low);
+  // The value back from its key (a NaN as the canonical one, -0 as +0).
+  bv = best == 0 ? 0.0f : u == 0xffffffffu ? __uint_as_float(0x7fffffffu)
+                                           : __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+  if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+  return bi;
+}
+
 // Top-k of short rows (n <= 1024, the MoE router's expert scores): one warp a row holds the
 // row in registers (32 values a lane) and takes `keep` rounds of a warp-wide selection of the
 // next element in sort order (descending, NaN first, ties by lower index, or higher with `high`)
@@ -164,8 +199,9 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
 // as the plain graph (softmax, topk, take_along, sum, div) stores it, and both sums add in the
 // order the plain 256-thread kernels do (block_sum: each warp's butterfly, lane 0's result, then
 // a butterfly over the 8 warps' sums), so the ids and weights equal the unfused graph's.
+// `keyed`: the branch-free selection (warp_select_key; MLXCEL_ROUTE_KEYED=1, not yet measured).
 extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
-                                     unsigned* ids, void* weights) {
+                                     unsigned* ids, void* weights, int keyed) {
   const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -193,7 +229,8 @@ extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e
   float chosen = 0.0f;  // lane r holds the r-th chosen probability (the plain sum's thread r)
   for (i64 r = 0; r < k; r++) {
     float bv;
-    const int bi = warp_select_next<8>(v, e, high, lane, taken, bv);
+    const int bi = keyed ? warp_select_key<8>(v, e, high, lane, taken, bv)
+                         : warp_select_next<8>(v, e, high, lane, taken, bv);
     if (lane == 0) {
       ids[row * k + r] = (unsigned)bi;
       stf(weights, dt, row * k + r, bv);

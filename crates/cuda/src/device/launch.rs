@@ -1233,8 +1233,11 @@ pub(crate) fn fused(
                 I32(i32::from(*renorm)),
                 Ptr(at(*topk)),
                 Ptr(at(i)),
+                I32(i32::from(switch(&KEYED, "MLXCEL_ROUTE_KEYED", false))),
             ];
-            // A warp a row, 8 rows a block (index.cu).
+            // A warp a row, 8 rows a block (index.cu). MLXCEL_ROUTE_KEYED=1: the branch-free
+            // selection, equal by construction and not yet measured (off by default).
+            static KEYED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
             gpu.launch("moe_route", rows.div_ceil(8) as u32, 256, 0, &args)
         }
         Fused::WeightedSum { mul, y, w } => {
