@@ -886,3 +886,22 @@ impl Drop for CudaSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ptx_cache_name_changes_with_arch_driver_and_source() {
+        let name = cache_name("sm_90", 13000);
+        assert_ne!(name, cache_name("sm_80", 13000), "arch");
+        assert_ne!(name, cache_name("sm_90", 13010), "driver");
+        assert_eq!(name, cache_name("sm_90", 13000), "stable");
+        // The source's hash is the name's last part: one changed byte changes it.
+        let hash = format!("{:016x}", fnv1a(crate::kernel_source().as_bytes()));
+        assert!(name.ends_with(&format!("-{hash}.ptx")), "{name}");
+        let mut other = crate::kernel_source().into_bytes();
+        other[0] ^= 1;
+        assert_ne!(fnv1a(&other), fnv1a(crate::kernel_source().as_bytes()));
+    }
+}
