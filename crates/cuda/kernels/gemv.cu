@@ -610,7 +610,7 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
   }
 }
 
-// The tile-packed layout of a 4-bit weight (device/pack.rs writes it; n a multiple of 16, k of
+// The tile-packed layout of a 4-bit weight (crates/cuda/src/pack.rs writes it; n a multiple of 16, k of
 // 256), flagged by Q4_PACKED in a launch's group argument: each 16-row tile's chunks of 256
 // values one after another, a chunk 2 KB in four 512-byte slots (row a's word t, row b's word t,
 // row a's word t + 4, row b's word t + 4 of lane (g, t), rows a = g and b = g + 8), so each of a

@@ -130,6 +130,15 @@ extern "C" __global__ void ranges(const uint4* w, i64 n, i64 k, int depth, int s
 }
 "#;
 
+/// `grid` blocks of `warps` warps, no dynamic shared memory.
+fn config(grid: i64, warps: i64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid as u32, 1, 1),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 #[test]
 #[ignore = "a GPU probe: run by hand on the GPU machine"]
 fn weight_streaming_patterns() {
@@ -186,14 +195,7 @@ fn weight_streaming_patterns() {
             let p = base + off;
             let mut b = stream.launch_builder(&f_stream);
             b.arg(&p).arg(&words).arg(&out);
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (4 * sms as u32, 1, 1),
-                    block_dim: (512, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .unwrap();
+            unsafe { b.launch(config(4 * sms, 16)) }.unwrap();
         });
         println!(
             "| {n} x {k} | stream | 4 | 0 | 16 | {} | {us:.1} | {:.2} |",
@@ -231,14 +233,7 @@ fn weight_streaming_patterns() {
                 let p = base + off;
                 let mut b = stream.launch_builder(&f_tiles);
                 b.arg(&p).arg(&n).arg(&k).arg(&packed).arg(&depth).arg(&spin).arg(&out);
-                unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (grid as u32, 1, 1),
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .unwrap();
+                unsafe { b.launch(config(grid, warps)) }.unwrap();
             });
             println!(
                 "| {n} x {k} | {} | {depth} | {spin} | {warps} | {grid} | {us:.1} | {:.2} |",
@@ -258,14 +253,7 @@ fn weight_streaming_patterns() {
                 let p = base + off;
                 let mut b = stream.launch_builder(&f_ranges);
                 b.arg(&p).arg(&n).arg(&k).arg(&depth).arg(&spin).arg(&out);
-                unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (grid as u32, 1, 1),
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .unwrap();
+                unsafe { b.launch(config(grid, warps)) }.unwrap();
             });
             println!(
                 "| {n} x {k} | packed ranges | {depth} | {spin} | {warps} | {grid} | {us:.1} | {:.2} |",

@@ -1314,13 +1314,13 @@ pub(crate) fn fused(
                     let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(node.inputs[2]).dtype);
                     let mut group = group_size as i32;
                     if stages.is_none() {
-                        // Each part's weight, scales and biases follow x: 5 arguments a part.
+                        // Each part's weight, scales and biases lead its slot's arguments.
                         let mut mats: Vec<[u64; 3]> =
                             parts.iter().map(|&p| [1, 2, 3].map(|j| at(input(p, j)))).collect();
                         group = tc_group(gpu, &mut mats, group_size);
                         for (slot, m) in mats.iter().enumerate() {
                             for (j, &p) in m.iter().enumerate() {
-                                args[1 + 5 * slot + j] = Ptr(p);
+                                args[1 + (tensors + 2) * slot + j] = Ptr(p);
                             }
                         }
                     }

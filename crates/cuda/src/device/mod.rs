@@ -423,36 +423,40 @@ impl CudaSession {
             if !sixteen || !crate::pack::packable(n, k, group_size) || w.dtype != DType::U32 {
                 continue;
             }
-            let words: Vec<u32> = w
-                .bytes()
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            let packed_words = crate::pack::pack_q4_words(&words, n, k);
-            let bytes: Vec<u8> = packed_words.iter().flat_map(|v| v.to_le_bytes()).collect();
-            self.upload_packed(w, &bytes)?;
-            for t in [sc, bi] {
-                let vals: Vec<u16> = t
-                    .bytes()
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            self.upload_packed(w, |bytes| {
+                let words: Vec<u32> = bytes
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
                     .collect();
-                let packed_vals = crate::pack::pack_q4_groups(&vals, n, k, group_size);
-                let bytes: Vec<u8> = packed_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-                self.upload_packed(t, &bytes)?;
+                crate::pack::pack_q4_words(&words, n, k)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            })?;
+            for t in [sc, bi] {
+                self.upload_packed(t, |bytes| {
+                    let vals: Vec<u16> = bytes
+                        .chunks_exact(2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    let packed = crate::pack::pack_q4_groups(&vals, n, k, group_size);
+                    packed.iter().flat_map(|v| v.to_le_bytes()).collect()
+                })?;
             }
         }
         Ok(())
     }
 
-    /// Uploads `bytes`, the packed copy of `t` (uploaded itself first), once per session.
-    fn upload_packed(&mut self, t: &HostTensor, bytes: &[u8]) -> Result<()> {
+    /// Uploads `pack(t's bytes)`, the packed copy of `t` (uploaded itself first), once per
+    /// session: a weight that every graph of the session names is reordered only the first time.
+    fn upload_packed(&mut self, t: &HostTensor, pack: impl FnOnce(&[u8]) -> Vec<u8>) -> Result<()> {
         let key = self.upload(t)?;
         if self.packed.iter().any(|(k, _)| *k == key) {
             return Ok(());
         }
+        let bytes = pack(t.bytes());
         let mut buf = self.gpu.alloc(bytes.len())?;
-        self.gpu.stream.memcpy_htod(bytes, &mut buf).map_err(driver_err)?;
+        self.gpu.stream.memcpy_htod(&bytes, &mut buf).map_err(driver_err)?;
         let p = self.gpu.ptr(&buf);
         self.gpu.packed.lock().expect("packed weights lock").insert(key, p);
         self.packed.push((key, buf));
