@@ -50,33 +50,95 @@ template <> __device__ __forceinline__ void qvals<4>(unsigned w, float* o) {
 }
 
 // out [n, k] (dtype odt) = dequant(w [n, k·BITS/32]) for BITS 4 or 8: the weight of a large
-// prefill product, expanded for cuBLAS. A thread a packed word (its values share one group:
-// groups are multiples of 32), the group's scale and bias loaded once, exact floats from the
-// bits; rows loop over gridDim.y (the LM head has more rows than a grid dimension holds).
-template <int BITS>
-__device__ __forceinline__ void dequant_words(const unsigned* w, const void* s, const void* z, int sdt, void* out,
-                                              int odt, i64 n, i64 k, int group) {
-  constexpr int PER = 32 / BITS;
-  const i64 words = k / PER, groups = k / group;
-  for (i64 row = blockIdx.y; row < n; row += gridDim.y) {
-    for (i64 wi = (i64)blockIdx.x * blockDim.x + threadIdx.x; wi < words; wi += (i64)gridDim.x * blockDim.x) {
-      const i64 j0 = wi * PER, g = row * groups + j0 / group;
-      const float sc = ldf(s, sdt, g), bi = ldf(z, sdt, g);
-      float v[PER];
-      qvals<BITS>(w[row * words + wi], v);
+// prefill product, expanded for cuBLAS. The matrix is walked as one flat run of packed words
+// (a word's values share a group, and value j of the flat run is in group j / group, since the
+// groups tile each row): a warp takes 32·U consecutive words, lane l words l, l + 32, ..., so
+// each of its loads and stores is contiguous across the warp. All of a lane's loads (words,
+// scales, biases) are issued before any is used, and each word's values leave in one vector
+// store. group is a power of two (32, 64 or 128); scales, biases and the output are typed once
+// a launch.
+template <class O, int PER> struct Run;
+template <class O> struct Run<O, 8> {  // 8 values: one 16-byte store (two for f32)
+  static __device__ __forceinline__ void st(void* out, i64 i, const float* v) {
+    if constexpr (sizeof(typename O::T) == 4) {
+      float4* o = (float4*)((float*)out + i);
+      o[0] = make_float4(v[0], v[1], v[2], v[3]);
+      o[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      typename O::T h[8];
 #pragma unroll
-      for (int e = 0; e < PER; e++) stf(out, odt, row * k + j0 + e, v[e] * sc + bi);
+      for (int e = 0; e < 8; e++) O::st(h, e, v[e]);
+      *(uint4*)((typename O::T*)out + i) = make_uint4(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16,
+                                                      h[4] | (unsigned)h[5] << 16, h[6] | (unsigned)h[7] << 16);
+    }
+  }
+};
+template <class O> struct Run<O, 4> {  // 4 values: one 8-byte store (16 for f32)
+  static __device__ __forceinline__ void st(void* out, i64 i, const float* v) {
+    if constexpr (sizeof(typename O::T) == 4) {
+      *(float4*)((float*)out + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      typename O::T h[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) O::st(h, e, v[e]);
+      *(uint2*)((typename O::T*)out + i) = make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16);
+    }
+  }
+};
+template <int BITS, class S, class O>
+__device__ __forceinline__ void dequant_flat(const unsigned* __restrict__ w, const void* s_, const void* z_,
+                                             void* __restrict__ out, i64 words, int gshift) {
+  constexpr int PER = 32 / BITS, U = 4;
+  typedef typename S::T ST;
+  const ST* s = (const ST*)s_;
+  const ST* z = (const ST*)z_;
+  const int lane = threadIdx.x & 31;
+  const i64 span = 32 * U, warps = (i64)gridDim.x * (blockDim.x >> 5);
+  for (i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * span; base < words;
+       base += warps * span) {
+    unsigned q[U];
+    float sc[U], bi[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 i = base + lane + 32 * u;
+      const bool in = i < words;
+      const i64 g = in ? (i * PER) >> gshift : 0;
+      q[u] = in ? __ldcs(w + i) : 0u;
+      sc[u] = S::ld(s, g);
+      bi[u] = S::ld(z, g);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 i = base + lane + 32 * u;
+      if (i >= words) break;
+      float v[PER];
+      qvals<BITS>(q[u], v);
+#pragma unroll
+      for (int e = 0; e < PER; e++) v[e] = v[e] * sc[u] + bi[u];
+      Run<O, PER>::st(out, i * PER, v);
     }
   }
 }
-extern "C" __global__ void dequant_words_4(const unsigned* w, const void* s, const void* z, int sdt, void* out, int odt,
-                                           i64 n, i64 k, int group) {
-  dequant_words<4>(w, s, z, sdt, out, odt, n, k, group);
-}
-extern "C" __global__ void dequant_words_8(const unsigned* w, const void* s, const void* z, int sdt, void* out, int odt,
-                                           i64 n, i64 k, int group) {
-  dequant_words<8>(w, s, z, sdt, out, odt, n, k, group);
-}
+// Grid: any; blocks of any multiple of 32 threads (each warp takes 128 words a turn).
+#define DEQUANT_WORDS(BITS)                                                                                           \
+  extern "C" __global__ void dequant_words_##BITS(const unsigned* w, const void* s, const void* z, int sdt,          \
+                                                  void* out, int odt, i64 n, i64 k, int group) {                      \
+    const i64 words = n * (k / (32 / BITS));                                                                          \
+    const int gshift = __ffs(group) - 1;                                                                              \
+    if (sdt == 0) DEQUANT_OUT(BITS, F32)                                                                              \
+    else if (sdt == 1) DEQUANT_OUT(BITS, F16)                                                                         \
+    else DEQUANT_OUT(BITS, BF16)                                                                                      \
+  }
+#define DEQUANT_OUT(BITS, S)                                                                                          \
+  {                                                                                                                   \
+    if (odt == 0) dequant_flat<BITS, S, F32>(w, s, z, out, words, gshift);                                            \
+    else if (odt == 1) dequant_flat<BITS, S, F16>(w, s, z, out, words, gshift);                                       \
+    else dequant_flat<BITS, S, BF16>(w, s, z, out, words, gshift);                                                    \
+  }
+DEQUANT_WORDS(4)
+DEQUANT_WORDS(8)
+#undef DEQUANT_WORDS
+#undef DEQUANT_OUT
 
 // acc[r·R + c] += x[r, :] · dequant(w[col0 + c, :]) for r < m, c < R: each 16-byte chunk of x
 // is loaded once for R weight rows, and 8 weight words are in flight per lane. BITS 4 or 8,
@@ -617,23 +679,10 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
 // warp's loads is 512 contiguous bytes and a tile is one contiguous run. Scales and biases
 // follow the same order: each chunk's 16 rows of 256 / group values, row by row.
 #define Q4_PACKED (1 << 16)
-// Also in a launch's group argument: each warp requests its first chunk of the block's next
-// tile (next0, in the same weights) when it is done with its chunks of this one, so the block's
-// sum and store overlap those loads (off: each tile's first loads wait for them).
-#define Q4_AHEAD (1 << 17)
-// A warp's weights in flight between tc_qdot calls: [matrix][row a, b][word t, t + 4], and each
-// matrix's four 16-bit scale | bias pairs.
-template <int NM> struct TcFetch {
-  uint4 q[NM][2][2];
-  unsigned sb[NM][4];
-};
-
-// `have`: the call before requested this tile's first chunk (Q4_AHEAD); the next tile's row0
-// (in the same weights) is next0, or -1.
 template <class X, int NM>
 __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
-                                        i64 k, int group, float* out, TcFetch<NM>& f, bool have, i64 next0) {
+                                        i64 k, int group, float* out) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -643,14 +692,14 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
   // k a multiple of 128: where it is not one of 256, the last chunk is half (its runs 0-3, the
   // words t; the second mma of each pair and the lanes of runs 4-7 sit it out).
-  const bool packed = group & Q4_PACKED, ahead = group & Q4_AHEAD;
+  const bool packed = group & Q4_PACKED;
   group &= Q4_PACKED - 1;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   const bool half_last = k % 256 != 0;  // never when packed
   // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
   const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
-  uint4(&q)[NM][2][2] = f.q;
-  unsigned(&sb)[NM][4] = f.sb;
+  uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
+  unsigned sb[NM][4];   // each matrix's four 16-bit scale | bias pairs
   // This lane's rows a and b of the tile at r0 (clamped to the last row).
   auto rows_of = [&](i64 r0, i64& ra, i64& rb) {
     ra = r0 + g < n ? r0 + g : n - 1, rb = r0 + g + 8 < n ? r0 + g + 8 : n - 1;
@@ -706,7 +755,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         sb[m][i] = ((const unsigned short*)s[m])[at[i]] | (unsigned)((const unsigned short*)z[m])[at[i]] << 16;
   };
   if (stage) pdl_trigger();
-  if (!have && warp < chunks) fetch(row0, warp);
+  if (warp < chunks) fetch(row0, warp);
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -753,7 +802,6 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     for (int m = 0; m < NM; m++)
       if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
     if (c + warps < chunks) fetch(row0, c + warps);
-    else if (ahead && next0 >= 0) fetch(next0, warp);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
   tc_block_sum<NM>(acc, wpart, out);
@@ -776,22 +824,16 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
-    TcFetch<1> f;                                                                                                     \
-    bool have = false;                                                                                                \
     for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
       i64 row0 = tile * 16;                                                                                           \
       const unsigned* w = w0;                                                                                         \
       const void *s = s0, *z = z0;                                                                                    \
       void* y = y0;                                                                                                   \
-      i64 n = n0, first = 0; /* the weight's first row among all */                                                  \
-      if (row0 >= n0 + n1) { first = n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                              \
-      else if (row0 >= n0) { first = n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                   \
-      row0 -= first;                                                                                                  \
-      /* the next tile, where it is in the same weight */                                                             \
-      const i64 next0 = (tile + gridDim.x) * 16 - first < n ? (tile + gridDim.x) * 16 - first : -1;                  \
+      i64 n = n0;                                                                                                     \
+      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                               \
+      else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                    \
       float out[1];                                                                                                   \
-      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out, f, have, next0);          \
-      have = (group & Q4_AHEAD) && next0 >= 0;                                                                        \
+      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
@@ -810,11 +852,9 @@ TC_QGEMV3(bf16, BF16, _r0, )
     const void* ss[1] = {s};                                                                                          \
     const void* zs[1] = {z};                                                                                          \
     float out[1];                                                                                                     \
-    TcFetch<1> f;                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
-      const i64 row0 = tile * 16, next0 = row0 + 16 * (i64)gridDim.x < n ? row0 + 16 * (i64)gridDim.x : -1;          \
-      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, f,                      \
-                    tile != blockIdx.x && (group & Q4_AHEAD), next0);                                                 \
+      const i64 row0 = tile * 16;                                                                                     \
+      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
@@ -827,11 +867,9 @@ TC_QGEMV3(bf16, BF16, _r0, )
     const void* ss[2] = {sg, su};                                                                                     \
     const void* zs[2] = {zg, zu};                                                                                     \
     float out[2];                                                                                                     \
-    TcFetch<2> f;                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
-      const i64 row0 = tile * 16, next0 = row0 + 16 * (i64)gridDim.x < n ? row0 + 16 * (i64)gridDim.x : -1;          \
-      tc_qdot<X, 2>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, f,                       \
-                    tile != blockIdx.x && (group & Q4_AHEAD), next0);                                                 \
+      const i64 row0 = tile * 16;                                                                                     \
+      tc_qdot<X, 2>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                         \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
@@ -1091,8 +1129,7 @@ __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const 
     se[m] = (const char*)s[m] + rows * groups * ssz;
     ze[m] = (const char*)z[m] + rows * groups * ssz;
   }
-  TcFetch<NM> f;
-  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out, f, false, -1);
+  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out);
   return true;
 }
 

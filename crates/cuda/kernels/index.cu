@@ -199,7 +199,8 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
 // as the plain graph (softmax, topk, take_along, sum, div) stores it, and both sums add in the
 // order the plain 256-thread kernels do (block_sum: each warp's butterfly, lane 0's result, then
 // a butterfly over the 8 warps' sums), so the ids and weights equal the unfused graph's.
-// `keyed`: the branch-free selection (warp_select_key; MLXCEL_ROUTE_KEYED=1, not yet measured).
+// `keyed`: the branch-free selection (warp_select_key; the default, MLXCEL_ROUTE_KEYED=0 for the
+// comparison-based one).
 extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
                                      unsigned* ids, void* weights, int keyed) {
   const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

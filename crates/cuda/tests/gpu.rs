@@ -471,9 +471,8 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0); 3],
         });
     }
-    // Tall products and a tall GLU, so each tensor-core block loops over several 16-row tiles
-    // (what MLXCEL_TC_AHEAD changes), in each group size (what MLXCEL_TC_PACK's scale order
-    // depends on).
+    // Tall products and a tall GLU, so each tensor-core block loops over several 16-row tiles,
+    // in each group size (what MLXCEL_TC_PACK's scale order depends on).
     for (act, group) in [(DType::F16, 32usize), (DType::BF16, 64), (DType::F16, 128)] {
         let k = 1024;
         let mut b = GraphBuilder::default();

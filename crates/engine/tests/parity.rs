@@ -116,6 +116,46 @@ fn greedy_decode_matches_mlx_lm() {
     }
 }
 
+/// A multimodal `gemma3` checkpoint (as mlx-vlm writes it: the text model's tensors under
+/// `language_model.`, a vision tower and projector beside them, the text model's config under
+/// `text_config`) runs its text part: the gemma3 text fixture rewritten that way gives
+/// mlx-lm's NLL.
+#[test]
+fn a_multimodal_gemma3_checkpoint_runs_its_text_part() {
+    use mlxcel_models::checkpoint::Checkpoint;
+    let (dir, r) = fixture("gemma3-text-bf16");
+    let text = Checkpoint::open_dir(&dir).unwrap();
+    let mut tensors: Vec<_> = text
+        .names()
+        .map(|n| (format!("language_model.{n}"), text.get(n).unwrap()))
+        .collect();
+    // Vision weights the text model must leave alone.
+    for name in [
+        "vision_tower.vision_model.embeddings.patch_embedding.weight",
+        "multi_modal_projector.mm_input_projection_weight",
+    ] {
+        let t = text.get("model.embed_tokens.weight").unwrap();
+        tensors.push((name.to_string(), t));
+    }
+    let mut text_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let vocab = text_config["vocab_size"].clone();
+    text_config.as_object_mut().unwrap().remove("architectures");
+    let config = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "vocab_size": vocab, "text_config": text_config,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 128},
+    });
+    let out = std::env::temp_dir().join(format!("mlxcel-gemma3-mm-{}", std::process::id()));
+    mlxcel_models::writer::save_folder(&out, config, &tensors, &Default::default()).unwrap();
+    let got = engine(&out).perplexity(&ids(&r["prompt_tokens"]), 512);
+    std::fs::remove_dir_all(&out).ok();
+    let (got, want) = (got.unwrap(), floats(&r["nll"]));
+    assert_eq!(got.len(), want.len());
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst <= 0.02, "multimodal gemma3: max |nll - mlx-lm| = {worst}");
+}
+
 #[test]
 fn cached_decode_and_prefill_chunks_equal_the_full_forward() {
     for &(case, _) in CASES {

@@ -702,7 +702,7 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
     }
     // Prefill-sized products (more rows than a decode GEMV takes).
     for &dt in &FLOATS {
-        for (bits, group) in [(4u32, 64usize), (8, 32), (2, 128)] {
+        for (bits, group) in [(4u32, 64usize), (8, 32), (2, 128), (4, 32), (4, 128), (8, 128)] {
             let mut c = Case::new(format!("quantized_matmul/{dt}/{bits}bit/g{group}/prefill/12x256/n33"));
             let x = c.input("x", dt, &[12, 256], 1.0)?;
             let [w, s, b] = c.quantized("proj", &[33], 256, (bits, group), dt)?;
