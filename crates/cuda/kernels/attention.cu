@@ -3,8 +3,9 @@
 // warp; keys come in tiles of 64 staged row-major in shared memory. Scores come from
 // mma.m16n8k16 with f32 accumulation; each row keeps a running max and sum (online softmax);
 // the probabilities, rounded to x's dtype, multiply the values on the tensor cores too.
-// Parameters as `attention`'s (nn.cu); the length is read from device memory. Queries t sit at
-// positions len - t .. len - 1; keys at or past len are never read.
+// Parameters as `attention`'s (nn.cu), then heads_last (the output as [B, T, Hq, D]); the length
+// is read from device memory. Queries t sit at positions len - t .. len - 1; keys at or past
+// len are never read.
 #define FA_BQ 64
 #define FA_BK 64
 
@@ -43,7 +44,7 @@ template <class X, int D>
 __device__ __forceinline__ void flash_prefill(const void* q_, const void* k_, const void* v_, const void* kv_len,
                                               int len_kind, int len_count, void* y, int ydt, i64 hq, i64 hkv, i64 t,
                                               i64 s, float scale, int causal, i64 window, float softcap, int* error,
-                                              int tag) {
+                                              int tag, int heads_last) {
   typedef TensorCore<X> TC;
   __shared__ __align__(16) unsigned short ks[FA_BK][D + 8];  // 16 bytes of padding a row: no
   __shared__ __align__(16) unsigned short vs[FA_BK][D + 8];  // bank conflicts on fragment reads
@@ -172,16 +173,20 @@ __device__ __forceinline__ void flash_prefill(const void* q_, const void* k_, co
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
   const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
+  // Row r's output: y [B, Hq, T, D], or with heads_last y [B, T, Hq, D] (the layout the output
+  // projection reads, its transpose done by this store).
+  auto out_at = [&](i64 r) { return heads_last ? ((bi * t + r) * hq + bh % hq) * D : (bh * t + r) * D; };
+  const i64 ya = out_at(ra), yb = out_at(rb);
 #pragma unroll
   for (int n = 0; n < D / 8; n++) {
     const i64 c = 8 * n + 2 * tq;
     if (ra < t) {
-      stf(y, ydt, (bh * t + ra) * D + c, o[n][0] * inv[0]);
-      stf(y, ydt, (bh * t + ra) * D + c + 1, o[n][1] * inv[0]);
+      stf(y, ydt, ya + c, o[n][0] * inv[0]);
+      stf(y, ydt, ya + c + 1, o[n][1] * inv[0]);
     }
     if (rb < t) {
-      stf(y, ydt, (bh * t + rb) * D + c, o[n][2] * inv[1]);
-      stf(y, ydt, (bh * t + rb) * D + c + 1, o[n][3] * inv[1]);
+      stf(y, ydt, yb + c, o[n][2] * inv[1]);
+      stf(y, ydt, yb + c + 1, o[n][3] * inv[1]);
     }
   }
 }
@@ -190,9 +195,9 @@ __device__ __forceinline__ void flash_prefill(const void* q_, const void* k_, co
   extern "C" __global__ void __launch_bounds__(128) flash_prefill_##XN##_##D(                                          \
       const void* q, int, const void* k, const void* v, int, const void* kv_len, int len_kind, int len_count, void* y, \
       int ydt, i64 hq, i64 hkv, i64 t, i64 s, i64, i64, float scale, int causal, i64 window, float softcap,            \
-      int* error, int tag) {                                                                                           \
+      int* error, int tag, int heads_last) {                                                                           \
     flash_prefill<X, D>(q, k, v, kv_len, len_kind, len_count, y, ydt, hq, hkv, t, s, scale, causal, window, softcap,  \
-                        error, tag);                                                                                   \
+                        error, tag, heads_last);                                                                       \
   }
 FLASH_PREFILL(f16, F16, 64)
 FLASH_PREFILL(f16, F16, 128)

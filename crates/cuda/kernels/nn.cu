@@ -31,13 +31,16 @@ extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, con
   }
 }
 
-// The value rope() stores at element idx of x [B, H, T, D] (see rope).
+// The value rope() stores at element idx of x [B, H, T, D] (see rope). heads_last: x is held
+// as [B, T, H, D] (the projection's layout, its transpose left to this read).
 __device__ __forceinline__ float rope_value(const void* x, int dt, const void* pos, int pos_kind, int pos_batched,
                                             const void* freq, int fdt, i64 h, i64 t, i64 d, i64 dims,
-                                            int interleaved, float scale, i64 idx) {
+                                            int interleaved, float scale, i64 idx, bool heads_last = false) {
   const i64 row = idx / d, j = idx % d;
-  if (j >= dims) return ldf(x, dt, idx);
-  const i64 ti = row % t, bi = row / (h * t), half = dims / 2, base = row * d;
+  const i64 ti = row % t, bh = row / t, bi = bh / h;
+  const i64 base = heads_last ? ((bi * t + ti) * h + bh % h) * d : row * d;
+  if (j >= dims) return ldf(x, dt, base + j);
+  const i64 half = dims / 2;
   const i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
   const i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
   const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
@@ -691,16 +694,18 @@ ATTENTION_GQA_ONLINE(8)
 // A decode layer's three small kernels before attention as one launch: rope of q [B, Hq, T, D]
 // into q_out (as rope), rope of k [B, H, T, D] into its cache (as rope_kv_write) and v
 // [B, H, T, Dv] into its cache (as kv_write), all in dtype dt; q and k share positions and
-// frequencies, both caches [B, H, S, ·] the write position wpos.
+// frequencies, both caches [B, H, S, ·] the write position wpos. heads_last: q, k and v are
+// held as [B, T, H, ·] (a prefill's projections; the transposes to [B, H, T, ·] are this read).
 extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, const void* k, void* kcache,
                                           const void* v, void* vcache, i64 dv, int dt, const void* pos, int pos_kind,
                                           int pos_batched, const void* freq, int fdt, i64 dims, int interleaved,
                                           float scale, const void* wpos, int wpos_kind, int wpos_len, i64 b, i64 h,
-                                          i64 s, i64 t, i64 d, int* error, int tag) {
+                                          i64 s, i64 t, i64 d, int* error, int tag, int heads_last) {
   const i64 nq = b * hq * t * d, nk = b * h * t * d, nv = b * h * t * dv;
   for (i64 idx = gid(); idx < nq + nk + nv; idx += gstride()) {
     if (idx < nq) {
-      const float r = rope_value(q, dt, pos, pos_kind, pos_batched, freq, fdt, hq, t, d, dims, interleaved, scale, idx);
+      const float r =
+          rope_value(q, dt, pos, pos_kind, pos_batched, freq, fdt, hq, t, d, dims, interleaved, scale, idx, heads_last);
       stf(q_out, dt, idx, r);
       continue;
     }
@@ -711,11 +716,12 @@ extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, co
     if (p < 0 || p + t > s) { atomicCAS(error, 0, tag); continue; }
     const i64 dst = ((bi * h + hi) * s + p + ti) * w + j;
     if (!is_v) {
-      stf(kcache, dt, dst, rope_value(k, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, e));
-    } else if (dt == 0) {
-      ((unsigned*)vcache)[dst] = ((const unsigned*)v)[e];
-    } else {
-      ((unsigned short*)vcache)[dst] = ((const unsigned short*)v)[e];
+      stf(kcache, dt, dst,
+          rope_value(k, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, e, heads_last));
+      continue;
     }
+    const i64 src = heads_last ? ((bi * t + ti) * h + hi) * dv + j : e;
+    if (dt == 0) ((unsigned*)vcache)[dst] = ((const unsigned*)v)[src];
+    else ((unsigned short*)vcache)[dst] = ((const unsigned short*)v)[src];
   }
 }

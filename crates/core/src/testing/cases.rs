@@ -1409,6 +1409,7 @@ fn graphs(cases: &mut Vec<OpCase>) -> Result<()> {
     for &dt in &FLOATS {
         cases.push(mlp_chain(dt)?);
         cases.push(rope_cache_attention(dt)?);
+        cases.push(prefill_attention_layer(dt)?);
 
         let mut c = Case::new(format!("graph/{dt}/several_outputs"));
         let x = c.input("x", dt, &[3, 33], 3.0)?;
@@ -1459,6 +1460,37 @@ fn mlp_chain(dt: DType) -> Result<OpCase> {
     }
     // Roundings of intermediates propagate through both layers: four times the default.
     Ok(c.finish(&[h], 4.0))
+}
+
+/// A prefill chunk's attention as a model builds it: q, k and v in the projections' layout
+/// [B, T, H, D], transposed to [B, H, T, D], rope on q and k, both written to caches at an
+/// offset, attention in a real head size over two query tiles, the transpose back, the output
+/// projection (on CUDA the transposes are absorbed by the rope-and-write and attention kernels).
+fn prefill_attention_layer(dt: DType) -> Result<OpCase> {
+    let mut c = Case::new(format!("graph/{dt}/prefill_attention_layer"));
+    let (t, d, at) = (70, 64, 5);
+    let k_cache = c.state("k_cache", dt, &[1, 2, 96, d])?;
+    let v_cache = c.state("v_cache", dt, &[1, 2, 96, d])?;
+    let q = c.input("q", dt, &[1, t, 4, d], 2.0)?;
+    let k = c.input("k", dt, &[1, t, 2, d], 1.0)?;
+    let v = c.input("v", dt, &[1, t, 2, d], 1.0)?;
+    let at_values: Vec<f32> = (at..at + t).map(|p| p as f32).collect();
+    let positions = c.input_values("positions", I32, &[t], &at_values)?;
+    let pos = c.input_values("pos", I32, &[], &[at as f32])?;
+    let freqs = inv_freq(&mut c, d)?;
+    let [q, k, v] = [q, k, v].map(|x| c.b.transpose(x, &[0, 2, 1, 3]));
+    let q = c.b.rope(q?, positions, freqs, d, false, 1.0)?;
+    let k = c.b.rope(k?, positions, freqs, d, false, 1.0)?;
+    let k_all = c.b.kv_write(k_cache, k, pos)?;
+    let v_all = c.b.kv_write(v_cache, v?, pos)?;
+    let kv_len = c.b.add_scalar(pos, t as f32)?;
+    let o =
+        c.b.attention(q, k_all, v_all, kv_len, 1.0 / (d as f32).sqrt(), true, None, None)?;
+    let o = c.b.transpose(o, &[0, 2, 1, 3])?;
+    let o = c.b.reshape(o, &[1, t, 4 * d])?;
+    let o_proj = c.param("o_proj.weight", dt, &[32, 4 * d], 0.1)?;
+    let y = c.b.matmul_t(o, o_proj)?;
+    Ok(c.finish(&[y, k_all, v_all], 4.0))
 }
 
 /// Rope on q and k, both written to caches, attention over them, the output projection; the

@@ -45,7 +45,17 @@ pub enum Fused {
     RopeKvWrite { rope: usize },
     /// Anchor = the last of `q` (the queries' rope), `k` (the keys' cache write, its rope
     /// absorbed) and `v` (the values' cache write), which one attention reads: one launch.
-    RopeQkvWrite { q: usize, k: usize, v: usize },
+    /// `heads_last`: the three read [B, T, H, D] → [B, H, T, D] transposes (a prefill's), which
+    /// the launch absorbs too, reading their inputs.
+    RopeQkvWrite {
+        q: usize,
+        k: usize,
+        v: usize,
+        heads_last: bool,
+    },
+    /// Anchor = a [B, H, T, D] → [B, T, H, D] transpose of a prefill attention's output, the only
+    /// reader of `attn`: the flash prefill kernel writes the transposed layout itself.
+    HeadsLastAttention { attn: usize },
     /// Anchor = the router's weights: the take_along of `softmax`'s probabilities at `topk`'s
     /// ids, or (`renorm`) those divided by their sum; softmax, top-k, gather and sum in the
     /// anchor's launch, which writes the ids too.
@@ -163,6 +173,7 @@ impl Fusion {
             }
         }
         find_rope_qkv(graph, &consumers, &mut f);
+        find_heads_last_attention(graph, &consumers, &mut f);
         if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
             find_routers(graph, &consumers, &mut f);
             find_weighted_sums(graph, &consumers, &mut f);
@@ -194,12 +205,19 @@ impl Fusion {
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
-                Some(Fused::RopeQkvWrite { q, k, v }) => {
+                Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
+                Some(Fused::RopeQkvWrite { q, k, v, heads_last }) => {
                     let rope_k = graph.nodes[*k].inputs[1].index();
-                    let reads = [*q, rope_k, *k, *v]
+                    let mut reads: Vec<NodeId> = [*q, rope_k, *k, *v]
                         .into_iter()
-                        .flat_map(|j| graph.nodes[j].inputs.clone());
-                    (reads.collect(), &None)
+                        .flat_map(|j| graph.nodes[j].inputs.clone())
+                        .collect();
+                    if *heads_last {
+                        for (j, slot) in [(*q, 0), (rope_k, 0), (*v, 1)] {
+                            reads.push(graph.node(graph.nodes[j].inputs[slot]).inputs[0]);
+                        }
+                    }
+                    (reads, &None)
                 }
             };
             // A GEMV computing its own input reads the sum's operands and the norm's weight.
@@ -210,6 +228,25 @@ impl Fusion {
             g.nodes[i].inputs.extend(extra);
         }
         g
+    }
+}
+
+/// A prefill attention read only by the transpose back to [B, T, H, D] (before the output
+/// projection) writes that layout itself, where the flash prefill kernel runs it.
+fn find_heads_last_attention(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let Op::Transpose { perm } = &node.op else { continue };
+        let a = node.inputs[0].index();
+        let ok = perm[..] == [0, 2, 1, 3]
+            && matches!(graph.nodes[a].op, Op::Attention { .. })
+            && consumers[a] == [i]
+            && !f.absorbed[a]
+            && f.anchored[a].is_none()
+            && super::launch::flash_prefill_kernel(graph, a).is_some();
+        if ok {
+            f.absorbed[a] = true;
+            f.anchored[i] = Some(Fused::HeadsLastAttention { attn: a });
+        }
     }
 }
 
@@ -249,7 +286,21 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             for j in [q, k, v] {
                 f.absorbed[j] = j != anchor;
             }
-            f.anchored[anchor] = Some(Fused::RopeQkvWrite { q, k, v });
+            // A prefill's q, k and v arrive through [B, T, H, D] → [B, H, T, D] transposes that
+            // nothing else reads: the launch reads their inputs instead.
+            let swaps = [(q, 0), (rk, 0), (v, 1)].map(|(user, slot)| (graph.nodes[user].inputs[slot].index(), user));
+            let heads_last = swaps.iter().all(|&(t, user)| {
+                matches!(&graph.nodes[t].op, Op::Transpose { perm } if perm[..] == [0, 2, 1, 3])
+                    && consumers[t] == [user]
+                    && !f.absorbed[t]
+                    && f.anchored[t].is_none()
+            });
+            if heads_last {
+                for (t, _) in swaps {
+                    f.absorbed[t] = true;
+                }
+            }
+            f.anchored[anchor] = Some(Fused::RopeQkvWrite { q, k, v, heads_last });
         }
     }
 }
@@ -809,7 +860,9 @@ mod tests {
     fn the_ropes_and_cache_writes_before_attention_are_one_launch() {
         let (graph, [rq, rk, wk, wv]) = rope_qkv(false);
         let f = Fusion::find(&graph);
-        assert!(matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { q, k, v }) if (q, k, v) == (rq, wk, wv)));
+        assert!(
+            matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { q, k, v, heads_last: false }) if (q, k, v) == (rq, wk, wv))
+        );
         assert!(f.absorbed[rq] && f.absorbed[rk] && f.absorbed[wk] && !f.absorbed[wv]);
         assert!(f.anchored[wk].is_none());
         let (graph, [rq, _, wk, wv]) = rope_qkv(true);
@@ -818,6 +871,90 @@ mod tests {
         // rest apart.
         assert!(matches!(f.anchored[wk], Some(Fused::RopeKvWrite { .. })));
         assert!(!f.absorbed[rq] && f.anchored[wv].is_none());
+    }
+
+    /// A prefill's q, k and v come as [B, T, H, D] and reach rope and the cache writes through
+    /// transposes, which the launch absorbs (reading their inputs), unless something else reads
+    /// one of them.
+    #[test]
+    fn a_prefills_transposes_join_the_rope_and_cache_write_launch() {
+        let build = |extra_read: bool| {
+            let mut b = GraphBuilder::default();
+            let q = b.input("q", DType::F16, &[1, 3, 4, 8]);
+            let k = b.input("k", DType::F16, &[1, 3, 2, 8]);
+            let v = b.input("v", DType::F16, &[1, 3, 2, 8]);
+            let (tq, tk, tv) = (
+                b.swap_axes(q, 1, 2).unwrap(),
+                b.swap_axes(k, 1, 2).unwrap(),
+                b.swap_axes(v, 1, 2).unwrap(),
+            );
+            let pos = b.input("pos", DType::I32, &[3]);
+            let at = b.input("at", DType::I32, &[]);
+            let len = b.input("len", DType::I32, &[]);
+            let freqs = |b: &mut GraphBuilder| {
+                b.constant(HostTensor::from_f32(DType::F32, &[4], &[1.0, 0.5, 0.25, 0.125]).unwrap())
+            };
+            let (fq, fk) = (freqs(&mut b), freqs(&mut b));
+            let kc = b.state("k_cache", DType::F16, &[1, 2, 8, 8]);
+            let vc = b.state("v_cache", DType::F16, &[1, 2, 8, 8]);
+            let rq = b.rope(tq, pos, fq, 8, false, 1.0).unwrap();
+            let rk = b.rope(tk, pos, fk, 8, false, 1.0).unwrap();
+            let wk = b.kv_write(kc, rk, at).unwrap();
+            let wv = b.kv_write(vc, tv, at).unwrap();
+            let o = b.attention(rq, wk, wv, len, 0.5, true, None, None).unwrap();
+            let mut outs = vec![o];
+            if extra_read {
+                outs.push(b.silu(tv).unwrap());
+            }
+            (b.finish(&outs), [tq, tk, tv].map(|t| t.index()), wv.index())
+        };
+        let (graph, swaps, wv) = build(false);
+        let f = Fusion::find(&graph);
+        assert!(matches!(
+            f.anchored[wv],
+            Some(Fused::RopeQkvWrite { heads_last: true, .. })
+        ));
+        assert!(swaps.iter().all(|&t| f.absorbed[t]));
+        // The plan keeps the transposes' inputs alive until the launch.
+        let planned = f.planning_graph(&graph);
+        for t in swaps {
+            assert!(planned.nodes[wv].inputs.contains(&graph.nodes[t].inputs[0]));
+        }
+        let (graph, swaps, wv) = build(true);
+        let f = Fusion::find(&graph);
+        assert!(matches!(
+            f.anchored[wv],
+            Some(Fused::RopeQkvWrite { heads_last: false, .. })
+        ));
+        assert!(swaps.iter().all(|&t| !f.absorbed[t]));
+    }
+
+    /// A prefill attention read only by its transpose back to [B, T, H, D] writes that layout
+    /// (the flash kernel: f16, 64-wide heads); read elsewhere too, it stays apart.
+    #[test]
+    fn a_prefill_attention_writes_the_layout_its_transpose_wants() {
+        let build = |extra_read: bool| {
+            let mut b = GraphBuilder::default();
+            let q = b.input("q", DType::F16, &[1, 4, 3, 64]);
+            let k = b.input("k", DType::F16, &[1, 2, 8, 64]);
+            let v = b.input("v", DType::F16, &[1, 2, 8, 64]);
+            let len = b.input("len", DType::I32, &[]);
+            let o = b.attention(q, k, v, len, 0.125, true, None, None).unwrap();
+            let t = b.swap_axes(o, 1, 2).unwrap();
+            let mut outs = vec![b.reshape(t, &[1, 3, 256]).unwrap()];
+            if extra_read {
+                outs.push(b.silu(o).unwrap());
+            }
+            (b.finish(&outs), o.index(), t.index())
+        };
+        let (graph, o, t) = build(false);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[t], Some(Fused::HeadsLastAttention { attn }) if attn == o));
+        assert!(f.absorbed[o]);
+        assert_eq!(f.planning_graph(&graph).nodes[t].inputs[1..], graph.nodes[o].inputs[..]);
+        let (graph, o, t) = build(true);
+        let f = Fusion::find(&graph);
+        assert!(f.anchored[t].is_none() && !f.absorbed[o]);
     }
 
     #[test]

@@ -383,6 +383,25 @@ pub fn node(
     error: u64,
     tag: i32,
 ) -> Result<()> {
+    launch_node(gpu, graph, i, ptr, out, scratch, error, tag, false)
+}
+
+/// [`node`]; `heads_last`: an attention (by the flash prefill kernel, [`Fused::HeadsLastAttention`])
+/// writes its output as [B, T, Hq, D] instead of [B, Hq, T, D].
+///
+/// [`Fused::HeadsLastAttention`]: super::fuse::Fused::HeadsLastAttention
+#[allow(clippy::too_many_arguments)]
+fn launch_node(
+    gpu: &Gpu,
+    graph: &Graph,
+    i: usize,
+    ptr: &dyn Fn(usize) -> u64,
+    out: u64,
+    scratch: u64,
+    error: u64,
+    tag: i32,
+    heads_last: bool,
+) -> Result<()> {
     use Arg::{Ptr, F32, I32, I64, U64};
     let node = &graph.nodes[i];
     let input = |k: usize| graph.node(node.inputs[k]);
@@ -898,7 +917,13 @@ pub fn node(
             }
             if let Some(name) = flash_prefill_kernel(graph, i) {
                 let grid = (a.t.div_ceil(64) as u32, (a.b * a.hq) as u32);
+                args.push(I32(i32::from(heads_last)));
                 return gpu.launch_grid(name, grid, 128, 0, &args);
+            }
+            if heads_last {
+                return Err(Error::Backend(
+                    "heads-last output without the flash prefill kernel".into(),
+                ));
             }
             let name = if paged { "attention_paged" } else { "attention" };
             gpu.launch(name, rows as u32, 128, (a.s * 4) as u32, &args)
@@ -1253,7 +1278,11 @@ pub(crate) fn fused(
             }
             gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)
         }
-        Fused::RopeQkvWrite { q, k, v } => {
+        Fused::HeadsLastAttention { attn } => {
+            let inputs = |k: usize| at(input(*attn, k));
+            launch_node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true)
+        }
+        Fused::RopeQkvWrite { q, k, v, heads_last } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
             let Op::Rope {
                 dims,
@@ -1267,14 +1296,24 @@ pub(crate) fn fused(
             let dv = *graph.node(graph.nodes[*v].inputs[1]).shape.last().unwrap();
             // rope's leading parameters for q (x, dtype, positions, frequencies), split around
             // the k and v pointers the kernel takes after q's.
-            let lead = rope_inputs(graph, *q, &|j| at(input(*q, j)))?;
+            // With heads_last, each source is its absorbed transpose's input.
+            let source = |user: usize, slot: usize| {
+                let x = input(user, slot);
+                at(if *heads_last {
+                    graph.nodes[x].inputs[0].index()
+                } else {
+                    x
+                })
+            };
+            let lead = rope_inputs(graph, *q, &|j| if j == 0 { source(*q, 0) } else { at(input(*q, j)) })?;
             let mut args = vec![lead[0].clone(), Ptr(at(*q)), I64(sq[1] as i64)];
-            args.extend([Ptr(at(input(rk, 0))), Ptr(at(*k))]);
-            args.extend([Ptr(at(input(*v, 1))), Ptr(at(*v)), I64(dv as i64)]);
+            args.extend([Ptr(source(rk, 0)), Ptr(at(*k))]);
+            args.extend([Ptr(source(*v, 1)), Ptr(at(*v)), I64(dv as i64)]);
             args.extend(lead[1..].iter().cloned());
             args.extend([I64(dims as i64), I32(i32::from(interleaved)), F32(scale)]);
             let place = cache_write_place(graph, *k, sk, at(input(*k, 2)), error, tag)?;
             args.extend(place);
+            args.push(I32(i32::from(*heads_last)));
             let keys: usize = sk.iter().product();
             let n = sq.iter().product::<usize>() + keys + keys / sk[3].max(1) * dv;
             gpu.launch("rope_qkv_write", blocks(n), THREADS, 0, &args)
@@ -1864,7 +1903,7 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool) -> usize
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
 /// one query a head, q, k and v of one 16-bit dtype, head sizes 64 or 128 alike
 /// (`MLXCEL_ATT_FLASH=0`: the scalar kernel everywhere, for comparison).
-fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+pub(crate) fn flash_prefill_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     use mlxcel_core::DType;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !switch(&ON, "MLXCEL_ATT_FLASH", true) {
