@@ -99,9 +99,23 @@ extern "C" __global__ void astype_any(int from, const void* x, int to, void* y, 
   }
 }
 
+// y = act(g) · u, the gated MLP's product where the GEMV does not take it (a prefill's):
+// act(g) rounded to D as the unary kernel stores it, then the product rounded as the binary
+// kernel's, so the pair's result is unchanged with one pass over memory fewer.
+template <typename D>
+__device__ void act_mul(int op, const typename D::T* g, const typename D::T* u, typename D::T* y, i64 n) {
+  for (i64 i = gid(); i < n; i += gstride()) {
+    const float gv = D::ld(g, i), uv = D::ld(u, i);
+    typename D::T a[1];
+    D::st(a, 0, unary_op(op, gv, 0.0f));
+    D::st(y, i, D::ld(a, 0) * uv);
+  }
+}
+
 #define FLOAT_KERNELS(S, D)                                                                           \
   extern "C" __global__ void unary_##S(int op, float p, const D::T* x, D::T* y, i64 n) { unary<D>(op, p, x, y, n); } \
-  extern "C" __global__ void binary_##S(int op, const D::T* a, const D::T* b, D::T* y, i64 n) { binary<D>(op, a, b, y, n); }
+  extern "C" __global__ void binary_##S(int op, const D::T* a, const D::T* b, D::T* y, i64 n) { binary<D>(op, a, b, y, n); } \
+  extern "C" __global__ void act_mul_##S(int op, const D::T* g, const D::T* u, D::T* y, i64 n) { act_mul<D>(op, g, u, y, n); }
 FLOAT_KERNELS(f32, F32)
 FLOAT_KERNELS(f16, F16)
 FLOAT_KERNELS(bf16, BF16)

@@ -32,17 +32,20 @@ extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, con
 }
 
 // The value rope() stores at element idx of x [B, H, T, D] (see rope). heads_last: x is held
-// as [B, T, H, D] (the projection's layout, its transpose left to this read).
+// as [B, T, H, D] (the projection's layout, its transpose left to this read). I: the index
+// type (unsigned where every index of the launch fits, as 64-bit divisions cost tens of
+// instructions each).
+template <class I = i64>
 __device__ __forceinline__ float rope_value(const void* x, int dt, const void* pos, int pos_kind, int pos_batched,
-                                            const void* freq, int fdt, i64 h, i64 t, i64 d, i64 dims,
-                                            int interleaved, float scale, i64 idx, bool heads_last = false) {
-  const i64 row = idx / d, j = idx % d;
-  const i64 ti = row % t, bh = row / t, bi = bh / h;
-  const i64 base = heads_last ? ((bi * t + ti) * h + bh % h) * d : row * d;
+                                            const void* freq, int fdt, I h, I t, I d, I dims, int interleaved,
+                                            float scale, I idx, bool heads_last = false) {
+  const I row = idx / d, j = idx % d;
+  const I ti = row % t, bh = row / t, bi = bh / h;
+  const I base = heads_last ? ((bi * t + ti) * h + bh % h) * d : row * d;
   if (j >= dims) return ldf(x, dt, base + j);
-  const i64 half = dims / 2;
-  const i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
-  const i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+  const I half = dims / 2;
+  const I i = interleaved ? j / 2 : (j < half ? j : j - half);
+  const I ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
   const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
   float sn, cs;
   sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
@@ -696,32 +699,48 @@ ATTENTION_GQA_ONLINE(8)
 // [B, H, T, Dv] into its cache (as kv_write), all in dtype dt; q and k share positions and
 // frequencies, both caches [B, H, S, ·] the write position wpos. heads_last: q, k and v are
 // held as [B, T, H, ·] (a prefill's projections; the transposes to [B, H, T, ·] are this read).
+template <class I>
+__device__ __forceinline__ void rope_qkv(const void* q, void* q_out, I hq, const void* k, void* kcache, const void* v,
+                                         void* vcache, I dv, int dt, const void* pos, int pos_kind, int pos_batched,
+                                         const void* freq, int fdt, I dims, int interleaved, float scale,
+                                         const void* wpos, int wpos_kind, int wpos_len, I b, I h, I s, I t, I d,
+                                         int* error, int tag, bool heads_last) {
+  const I nq = b * hq * t * d, nk = b * h * t * d, nv = b * h * t * dv;
+  for (i64 at = gid(); at < (i64)(nq + nk + nv); at += gstride()) {
+    const I idx = (I)at;
+    if (idx < nq) {
+      const float r = rope_value<I>(q, dt, pos, pos_kind, pos_batched, freq, fdt, hq, t, d, dims, interleaved, scale,
+                                    idx, heads_last);
+      stf(q_out, dt, idx, r);
+      continue;
+    }
+    const bool is_v = idx >= nq + nk;
+    const I e = is_v ? idx - nq - nk : idx - nq, w = is_v ? dv : d;
+    const I j = e % w, r = e / w, ti = r % t, bh = r / t, hi = bh % h, bi = bh / h;
+    const i64 p = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
+    if (p < 0 || p + (i64)t > (i64)s) { atomicCAS(error, 0, tag); continue; }
+    const I dst = ((bi * h + hi) * s + (I)p + ti) * w + j;
+    if (!is_v) {
+      stf(kcache, dt, dst,
+          rope_value<I>(k, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, e, heads_last));
+      continue;
+    }
+    const I src = heads_last ? ((bi * t + ti) * h + hi) * dv + j : e;
+    if (dt == 0) ((unsigned*)vcache)[dst] = ((const unsigned*)v)[src];
+    else ((unsigned short*)vcache)[dst] = ((const unsigned short*)v)[src];
+  }
+}
 extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, const void* k, void* kcache,
                                           const void* v, void* vcache, i64 dv, int dt, const void* pos, int pos_kind,
                                           int pos_batched, const void* freq, int fdt, i64 dims, int interleaved,
                                           float scale, const void* wpos, int wpos_kind, int wpos_len, i64 b, i64 h,
                                           i64 s, i64 t, i64 d, int* error, int tag, int heads_last) {
-  const i64 nq = b * hq * t * d, nk = b * h * t * d, nv = b * h * t * dv;
-  for (i64 idx = gid(); idx < nq + nk + nv; idx += gstride()) {
-    if (idx < nq) {
-      const float r =
-          rope_value(q, dt, pos, pos_kind, pos_batched, freq, fdt, hq, t, d, dims, interleaved, scale, idx, heads_last);
-      stf(q_out, dt, idx, r);
-      continue;
-    }
-    const bool is_v = idx >= nq + nk;
-    const i64 e = is_v ? idx - nq - nk : idx - nq, w = is_v ? dv : d;
-    const i64 j = e % w, ti = (e / w) % t, hi = (e / (w * t)) % h, bi = e / (w * t * h);
-    const i64 p = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
-    if (p < 0 || p + t > s) { atomicCAS(error, 0, tag); continue; }
-    const i64 dst = ((bi * h + hi) * s + p + ti) * w + j;
-    if (!is_v) {
-      stf(kcache, dt, dst,
-          rope_value(k, dt, pos, pos_kind, pos_batched, freq, fdt, h, t, d, dims, interleaved, scale, e, heads_last));
-      continue;
-    }
-    const i64 src = heads_last ? ((bi * t + ti) * h + hi) * dv + j : e;
-    if (dt == 0) ((unsigned*)vcache)[dst] = ((const unsigned*)v)[src];
-    else ((unsigned short*)vcache)[dst] = ((const unsigned short*)v)[src];
-  }
+  // Every index (q, k and v together, or a cache element) in 32 bits, or the 64-bit path.
+  const i64 heads = hq > h ? hq : h, width = d > dv ? d : dv, len = s > t ? s : t;
+  if (b * heads * len * width < (1ll << 30))
+    rope_qkv<unsigned>(q, q_out, hq, k, kcache, v, vcache, dv, dt, pos, pos_kind, pos_batched, freq, fdt, dims,
+                       interleaved, scale, wpos, wpos_kind, wpos_len, b, h, s, t, d, error, tag, heads_last);
+  else
+    rope_qkv<i64>(q, q_out, hq, k, kcache, v, vcache, dv, dt, pos, pos_kind, pos_batched, freq, fdt, dims, interleaved,
+                  scale, wpos, wpos_kind, wpos_len, b, h, s, t, d, error, tag, heads_last);
 }

@@ -36,6 +36,9 @@ pub enum Fused {
         act: usize,
         norm: Option<NormIn>,
     },
+    /// Anchor = the product act(g) · u of two same-shaped tensors where no GEMV takes the gated
+    /// MLP (a prefill's); `act` (absorbed) reads g, which only it reads.
+    ActMul { act: usize, u: NodeId },
     /// Anchor = the norm; `add` is the residual sum it normalizes (also written).
     AddRmsNorm { add: usize },
     /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
@@ -138,6 +141,30 @@ impl Fusion {
                             f.absorbed[act] = true;
                         }
                         f.anchored[i] = Some(fused);
+                        continue;
+                    }
+                    let act_mul = |act: usize, u: usize| -> Option<Fused> {
+                        let na = &graph.nodes[act];
+                        let same = [na.inputs[0].index(), u, i].iter().all(|&j| {
+                            let n = &graph.nodes[j];
+                            n.dtype == node.dtype && n.shape == node.shape
+                        });
+                        let ok = matches!(na.op, Op::Unary(UnaryOp::Silu | UnaryOp::GeluTanh | UnaryOp::GeluErf))
+                            && node.dtype.is_float()
+                            && same
+                            && only_for(act, i)
+                            && !f.absorbed[act]
+                            && f.anchored[act].is_none();
+                        ok.then_some(Fused::ActMul {
+                            act,
+                            u: node.inputs[if u == a { 0 } else { 1 }],
+                        })
+                    };
+                    if let Some(fused) = act_mul(a, b).or_else(|| act_mul(b, a)) {
+                        if let Fused::ActMul { act, .. } = fused {
+                            f.absorbed[act] = true;
+                        }
+                        f.anchored[i] = Some(fused);
                     }
                 }
                 Op::RmsNorm { .. } => {
@@ -205,6 +232,7 @@ impl Fusion {
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
+                Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
                 Some(Fused::RopeQkvWrite { q, k, v, heads_last }) => {
                     let rope_k = graph.nodes[*k].inputs[1].index();

@@ -1278,6 +1278,25 @@ pub(crate) fn fused(
             }
             gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)
         }
+        Fused::ActMul { act, u } => {
+            let Op::Unary(op) = graph.nodes[*act].op else {
+                unreachable!("ActMul holds a unary")
+            };
+            let name = match fsuffix(node.dtype)? {
+                "f32" => "act_mul_f32",
+                "f16" => "act_mul_f16",
+                _ => "act_mul_bf16",
+            };
+            let n = node.shape.iter().product::<usize>();
+            let args = [
+                I32(unary_code(op).0),
+                Ptr(at(input(*act, 0))),
+                Ptr(at(u.index())),
+                Ptr(at(i)),
+                I64(n as i64),
+            ];
+            gpu.launch(name, blocks(n), THREADS, 0, &args)
+        }
         Fused::HeadsLastAttention { attn } => {
             let inputs = |k: usize| at(input(*attn, k));
             launch_node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true)

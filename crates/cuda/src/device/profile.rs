@@ -119,6 +119,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
         Some(Fused::WeightedSum { .. }) => return format!("fused moe combine {}", node.dtype),
         Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
+        Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
         Some(Fused::HeadsLastAttention { attn }) => return format!("{} (heads last)", family(graph, *attn, None)),
         Some(Fused::RopeQkvWrite { .. }) => return format!("fused rope q, rope+kv_write k, kv_write v {}", node.dtype),
         Some(Fused::Products { before, norm }) => {
