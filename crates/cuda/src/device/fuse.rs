@@ -145,12 +145,14 @@ impl Fusion {
                     }
                     let act_mul = |act: usize, u: usize| -> Option<Fused> {
                         let na = &graph.nodes[act];
+                        if !matches!(na.op, Op::Unary(UnaryOp::Silu | UnaryOp::GeluTanh | UnaryOp::GeluErf)) {
+                            return None;
+                        }
                         let same = [na.inputs[0].index(), u, i].iter().all(|&j| {
                             let n = &graph.nodes[j];
                             n.dtype == node.dtype && n.shape == node.shape
                         });
-                        let ok = matches!(na.op, Op::Unary(UnaryOp::Silu | UnaryOp::GeluTanh | UnaryOp::GeluErf))
-                            && node.dtype.is_float()
+                        let ok = node.dtype.is_float()
                             && same
                             && only_for(act, i)
                             && !f.absorbed[act]
@@ -622,7 +624,12 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
 /// Gate and up products the GLU kernels take: same x, same weight shape and format, few rows.
 fn glu_pair(graph: &Graph, g: usize, u: usize) -> bool {
     let (ng, nu) = (&graph.nodes[g], &graph.nodes[u]);
-    if ng.inputs[0] != nu.inputs[0] || ng.dtype != nu.dtype || ng.shape != nu.shape {
+    if ng.inputs.is_empty()
+        || nu.inputs.is_empty()
+        || ng.inputs[0] != nu.inputs[0]
+        || ng.dtype != nu.dtype
+        || ng.shape != nu.shape
+    {
         return false;
     }
     let x = graph.node(ng.inputs[0]);
@@ -983,6 +990,34 @@ mod tests {
         let (graph, o, t) = build(true);
         let f = Fusion::find(&graph);
         assert!(f.anchored[t].is_none() && !f.absorbed[o]);
+    }
+
+    /// act(g) · u outside a GEMV (a prefill's gated MLP) is one launch; an activation read
+    /// elsewhere too stays its own kernel.
+    #[test]
+    fn an_activation_times_a_tensor_is_one_launch() {
+        let build = |extra_read: bool| {
+            let mut b = GraphBuilder::default();
+            let g = b.input("g", DType::F16, &[12, 64]);
+            let u = b.input("u", DType::F16, &[12, 64]);
+            let a = b.silu(g).unwrap();
+            let y = b.mul(u, a).unwrap();
+            let mut outs = vec![y];
+            if extra_read {
+                outs.push(b.exp(a).unwrap());
+            }
+            (b.finish(&outs), a.index(), u, y.index())
+        };
+        let (graph, a, u, y) = build(false);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[y], Some(Fused::ActMul { act, u: uu }) if act == a && uu == u));
+        assert!(f.absorbed[a]);
+        assert!(f.planning_graph(&graph).nodes[y]
+            .inputs
+            .contains(&graph.nodes[a].inputs[0]));
+        let (graph, a, _, y) = build(true);
+        let f = Fusion::find(&graph);
+        assert!(f.anchored[y].is_none() && !f.absorbed[a]);
     }
 
     #[test]
