@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU, 2026-12-06 (10), the session's last call: checks (failures in full), serve's table at
 # concurrency 1/8/32/64 (issue 8), the sweep of six presets plus the SmolLM2-shaped preset
-# (the real GGUF does not fit a call beside the build), and the llama prefill kernel by kernel.
+# (the real GGUF does not fit a call beside the build); PROFILE=1: the llama prefill kernel by
+# kernel too.
 # Stage as for session9-gemv.sh; carry [".gpu"].
 source "$(dirname "$0")/common.sh"
 unpack_ptx
@@ -19,8 +20,7 @@ SERVE_S=150 timeout 200 bash scripts/gpu/serve-bench.sh
 echo "== sweep [t=$((SECONDS - t0))]"
 sweep
 bench smollm2 smollm2-135m-4bit
-echo "== prefill kernels [t=$((SECONDS - t0))]"
-PRESETS=llama-3.1-8b-4bit timeout 90 bash scripts/gpu/prefill-kernels.sh
+[ -n "${PROFILE:-}" ] && PRESETS=llama-3.1-8b-4bit timeout 90 bash scripts/gpu/prefill-kernels.sh
 echo "[t=$((SECONDS - t0))]"
 } > $OUT/report.txt 2>&1
 cp /tmp/sweep.md $OUT/ 2>/dev/null
