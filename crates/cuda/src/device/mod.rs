@@ -475,6 +475,14 @@ impl CudaSession {
     }
 }
 
+/// The bytes a weight or constant node holds (0 for other nodes).
+fn leaf_bytes(node: &Node) -> usize {
+    match &node.op {
+        Op::Parameter { data, .. } | Op::Constant { data } => data.bytes().len(),
+        _ => 0,
+    }
+}
+
 fn bytes_of(node: &Node) -> usize {
     node.shape.iter().product::<usize>() * node.dtype.size()
 }
@@ -553,7 +561,12 @@ impl Session for CudaSession {
                 }
                 Op::Parameter { data, .. } | Op::Constant { data } => {
                     leaf_of[i] = leaves.len();
-                    leaves.push(self.upload(data)?);
+                    leaves.push(self.upload(data).map_err(|e| {
+                        let total: usize = graph.nodes.iter().map(leaf_bytes).sum();
+                        Error::Backend(format!(
+                            "{e}; the model's weights and constants need {total} bytes in all"
+                        ))
+                    })?);
                 }
                 Op::TopK { .. } | Op::ArgSort { .. } => {
                     let n: usize = graph.node(node.inputs[0]).shape.iter().product();
@@ -591,7 +604,14 @@ impl Session for CudaSession {
             .slot_bytes
             .iter()
             .map(|&b| self.gpu.alloc(b))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| {
+                let total: usize = plan.slot_bytes.iter().sum();
+                let buffers = plan.slot_bytes.len();
+                Error::Backend(format!(
+                    "{e}; this step's activations need {total} bytes in {buffers} buffers"
+                ))
+            })?;
         self.graphs.push(Some(Loaded {
             graph: graph.clone(),
             plan,
