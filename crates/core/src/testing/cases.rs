@@ -1408,8 +1408,8 @@ fn sampling(cases: &mut Vec<OpCase>) -> Result<()> {
 fn graphs(cases: &mut Vec<OpCase>) -> Result<()> {
     for &dt in &FLOATS {
         cases.push(mlp_chain(dt)?);
-        cases.push(rope_cache_attention(dt)?);
-        cases.push(prefill_attention_layer(dt)?);
+        cases.push(rope_cache_attention(dt, false)?);
+        cases.push(rope_cache_attention(dt, true)?);
 
         let mut c = Case::new(format!("graph/{dt}/several_outputs"));
         let x = c.input("x", dt, &[3, 33], 3.0)?;
@@ -1462,49 +1462,33 @@ fn mlp_chain(dt: DType) -> Result<OpCase> {
     Ok(c.finish(&[h], 4.0))
 }
 
-/// A prefill chunk's attention as a model builds it: q, k and v in the projections' layout
-/// [B, T, H, D], transposed to [B, H, T, D], rope on q and k, both written to caches at an
-/// offset, attention in a real head size over two query tiles, the transpose back, the output
-/// projection (on CUDA the transposes are absorbed by the rope-and-write and attention kernels).
-fn prefill_attention_layer(dt: DType) -> Result<OpCase> {
-    let mut c = Case::new(format!("graph/{dt}/prefill_attention_layer"));
-    let (t, d, at) = (70, 64, 5);
-    let k_cache = c.state("k_cache", dt, &[1, 2, 96, d])?;
-    let v_cache = c.state("v_cache", dt, &[1, 2, 96, d])?;
-    let q = c.input("q", dt, &[1, t, 4, d], 2.0)?;
-    let k = c.input("k", dt, &[1, t, 2, d], 1.0)?;
-    let v = c.input("v", dt, &[1, t, 2, d], 1.0)?;
+/// Rope on q and k, both written to caches, attention over them, the output projection; the
+/// updated caches are outputs too. `prefill`: a prefill chunk as a model builds it (q, k and v
+/// in the projections' layout [B, T, H, D], transposed to [B, H, T, D]; a real head size over two
+/// query tiles at an offset; on CUDA the transposes are absorbed by the rope-and-write and
+/// attention kernels); else three queries of 32 channels given as [B, H, T, D].
+fn rope_cache_attention(dt: DType, prefill: bool) -> Result<OpCase> {
+    let name = if prefill {
+        "prefill_attention_layer"
+    } else {
+        "rope_kv_write_attention"
+    };
+    let mut c = Case::new(format!("graph/{dt}/{name}"));
+    let (t, d, at, cap) = if prefill { (70, 64, 5, 96) } else { (3, 32, 6, 20) };
+    let k_cache = c.state("k_cache", dt, &[1, 2, cap, d])?;
+    let v_cache = c.state("v_cache", dt, &[1, 2, cap, d])?;
+    let shape = |h: usize| if prefill { [1, t, h, d] } else { [1, h, t, d] };
+    let q = c.input("q", dt, &shape(4), 2.0)?;
+    let k = c.input("k", dt, &shape(2), 1.0)?;
+    let v = c.input("v", dt, &shape(2), 1.0)?;
+    let [q, k, v] = if prefill {
+        [q, k, v].map(|x| c.b.transpose(x, &[0, 2, 1, 3]).expect("a 4-d transpose"))
+    } else {
+        [q, k, v]
+    };
     let at_values: Vec<f32> = (at..at + t).map(|p| p as f32).collect();
     let positions = c.input_values("positions", I32, &[t], &at_values)?;
     let pos = c.input_values("pos", I32, &[], &[at as f32])?;
-    let freqs = inv_freq(&mut c, d)?;
-    let [q, k, v] = [q, k, v].map(|x| c.b.transpose(x, &[0, 2, 1, 3]));
-    let q = c.b.rope(q?, positions, freqs, d, false, 1.0)?;
-    let k = c.b.rope(k?, positions, freqs, d, false, 1.0)?;
-    let k_all = c.b.kv_write(k_cache, k, pos)?;
-    let v_all = c.b.kv_write(v_cache, v?, pos)?;
-    let kv_len = c.b.add_scalar(pos, t as f32)?;
-    let o =
-        c.b.attention(q, k_all, v_all, kv_len, 1.0 / (d as f32).sqrt(), true, None, None)?;
-    let o = c.b.transpose(o, &[0, 2, 1, 3])?;
-    let o = c.b.reshape(o, &[1, t, 4 * d])?;
-    let o_proj = c.param("o_proj.weight", dt, &[32, 4 * d], 0.1)?;
-    let y = c.b.matmul_t(o, o_proj)?;
-    Ok(c.finish(&[y, k_all, v_all], 4.0))
-}
-
-/// Rope on q and k, both written to caches, attention over them, the output projection; the
-/// updated key cache is a second output.
-fn rope_cache_attention(dt: DType) -> Result<OpCase> {
-    let mut c = Case::new(format!("graph/{dt}/rope_kv_write_attention"));
-    let (t, d) = (3, 32);
-    let k_cache = c.state("k_cache", dt, &[1, 2, 20, d])?;
-    let v_cache = c.state("v_cache", dt, &[1, 2, 20, d])?;
-    let q = c.input("q", dt, &[1, 4, t, d], 2.0)?;
-    let k = c.input("k", dt, &[1, 2, t, d], 1.0)?;
-    let v = c.input("v", dt, &[1, 2, t, d], 1.0)?;
-    let positions = c.input_values("positions", I32, &[t], &[6.0, 7.0, 8.0])?;
-    let pos = c.input_values("pos", I32, &[], &[6.0])?;
     let freqs = inv_freq(&mut c, d)?;
     let q = c.b.rope(q, positions, freqs, d, false, 1.0)?;
     let k = c.b.rope(k, positions, freqs, d, false, 1.0)?;
@@ -1517,6 +1501,6 @@ fn rope_cache_attention(dt: DType) -> Result<OpCase> {
     let o = c.b.reshape(o, &[1, t, 4 * d])?;
     let o_proj = c.param("o_proj.weight", dt, &[32, 4 * d], 0.1)?;
     let y = c.b.matmul_t(o, o_proj)?;
-    // Rope, attention and a 128-long projection in sequence: four times the default.
-    Ok(c.finish(&[y, k_all], 4.0))
+    // Rope, attention and a projection of 128 or more in sequence: four times the default.
+    Ok(c.finish(&[y, k_all, v_all], 4.0))
 }

@@ -372,26 +372,12 @@ fn intern(name: String) -> &'static str {
 }
 
 /// Launches node `i`. `ptr(k)` is the device pointer of its k-th input, `out` of its value.
-#[allow(clippy::too_many_arguments)]
-pub fn node(
-    gpu: &Gpu,
-    graph: &Graph,
-    i: usize,
-    ptr: &dyn Fn(usize) -> u64,
-    out: u64,
-    scratch: u64,
-    error: u64,
-    tag: i32,
-) -> Result<()> {
-    launch_node(gpu, graph, i, ptr, out, scratch, error, tag, false)
-}
-
-/// [`node`]; `heads_last`: an attention (by the flash prefill kernel, [`Fused::HeadsLastAttention`])
-/// writes its output as [B, T, Hq, D] instead of [B, Hq, T, D].
+/// `heads_last`: an attention (by the flash prefill kernel, [`Fused::HeadsLastAttention`])
+/// writes its output as [B, T, Hq, D] instead of [B, Hq, T, D]; false for every other launch.
 ///
 /// [`Fused::HeadsLastAttention`]: super::fuse::Fused::HeadsLastAttention
 #[allow(clippy::too_many_arguments)]
-fn launch_node(
+pub fn node(
     gpu: &Gpu,
     graph: &Graph,
     i: usize,
@@ -1299,7 +1285,7 @@ pub(crate) fn fused(
         }
         Fused::HeadsLastAttention { attn } => {
             let inputs = |k: usize| at(input(*attn, k));
-            launch_node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true)
+            self::node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true)
         }
         Fused::RopeQkvWrite { q, k, v, heads_last } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));

@@ -515,7 +515,7 @@ fn launch_all(
                 error_ptr,
                 i as i32 + 1,
             )?,
-            None => launch::node(gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1)?,
+            None => launch::node(gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1, false)?,
         }
         if let Some((p, _)) = profile.as_mut() {
             p.after(gpu)?;
