@@ -261,14 +261,21 @@ impl Fusion {
     }
 }
 
+/// A transpose swapping the heads and positions axes of [B, ·, ·, D] (a prefill's attention
+/// operands and output).
+fn heads_swap(op: &Op) -> bool {
+    matches!(op, Op::Transpose { perm } if perm[..] == [0, 2, 1, 3])
+}
+
 /// A prefill attention read only by the transpose back to [B, T, H, D] (before the output
 /// projection) writes that layout itself, where the flash prefill kernel runs it.
 fn find_heads_last_attention(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     for (i, node) in graph.nodes.iter().enumerate() {
-        let Op::Transpose { perm } = &node.op else { continue };
+        if !heads_swap(&node.op) {
+            continue;
+        }
         let a = node.inputs[0].index();
-        let ok = perm[..] == [0, 2, 1, 3]
-            && matches!(graph.nodes[a].op, Op::Attention { .. })
+        let ok = matches!(graph.nodes[a].op, Op::Attention { .. })
             && consumers[a] == [i]
             && !f.absorbed[a]
             && f.anchored[a].is_none()
@@ -320,10 +327,7 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             // nothing else reads: the launch reads their inputs instead.
             let swaps = [(q, 0), (rk, 0), (v, 1)].map(|(user, slot)| (graph.nodes[user].inputs[slot].index(), user));
             let heads_last = swaps.iter().all(|&(t, user)| {
-                matches!(&graph.nodes[t].op, Op::Transpose { perm } if perm[..] == [0, 2, 1, 3])
-                    && consumers[t] == [user]
-                    && !f.absorbed[t]
-                    && f.anchored[t].is_none()
+                heads_swap(&graph.nodes[t].op) && consumers[t] == [user] && !f.absorbed[t] && f.anchored[t].is_none()
             });
             if heads_last {
                 for (t, _) in swaps {

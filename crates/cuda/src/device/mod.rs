@@ -403,10 +403,7 @@ impl CudaSession {
         if !launch::switch(&PACK, "MLXCEL_TC_PACK", false) {
             return Ok(());
         }
-        let leaf = |id: mlxcel_core::NodeId| match &graph.node(id).op {
-            Op::Parameter { data, .. } | Op::Constant { data } => Some(data),
-            _ => None,
-        };
+        let leaf = |id: mlxcel_core::NodeId| leaf_data(graph.node(id));
         for node in &graph.nodes {
             let Op::QuantizedMatMul { bits: 4, group_size } = node.op else {
                 continue;
@@ -475,11 +472,11 @@ impl CudaSession {
     }
 }
 
-/// The bytes a weight or constant node holds (0 for other nodes).
-fn leaf_bytes(node: &Node) -> usize {
+/// The tensor a weight or constant node holds.
+fn leaf_data(node: &Node) -> Option<&HostTensor> {
     match &node.op {
-        Op::Parameter { data, .. } | Op::Constant { data } => data.bytes().len(),
-        _ => 0,
+        Op::Parameter { data, .. } | Op::Constant { data } => Some(data),
+        _ => None,
     }
 }
 
@@ -562,7 +559,7 @@ impl Session for CudaSession {
                 Op::Parameter { data, .. } | Op::Constant { data } => {
                     leaf_of[i] = leaves.len();
                     leaves.push(self.upload(data).map_err(|e| {
-                        let total: usize = graph.nodes.iter().map(leaf_bytes).sum();
+                        let total: usize = graph.nodes.iter().filter_map(leaf_data).map(|d| d.bytes().len()).sum();
                         Error::Backend(format!(
                             "{e}; the model's weights and constants need {total} bytes in all"
                         ))
