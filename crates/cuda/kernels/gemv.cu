@@ -497,7 +497,7 @@ DGEMV_X(f16, F16)
 DGEMV_X(bf16, BF16)
 
 // ---- One row of x by 4-bit weights on the tensor cores (x in f16 or bf16) ----------------------
-// A warp computes 16 weight rows over chunks of 256 values of k (the last may be 128) with
+// A warp computes 16 weight rows over chunks of 256 values of k (the last may be 64-192) with
 // mma.m16n8k16 (f32 accumulation). Each nibble becomes the 16-bit float off + q with one LOP3: the nibble under
 // the exponent of `off` (1024 in f16, 128 in bf16), whose unit in the last place is 1, so the
 // value is exact and the offset comes back out through the sum of x. x is staged in shared
@@ -690,12 +690,12 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
-  // k a multiple of 128: where it is not one of 256, the last chunk is half (its runs 0-3, the
-  // words t; the second mma of each pair and the lanes of runs 4-7 sit it out).
+  // k a multiple of 64: where it is not one of 256, the last chunk is partial (its runs 0-1,
+  // 0-3 or 0-5; the lanes of the runs past k load and feed zeros, and where it has at most four
+  // runs the second mma of each pair sits it out).
   const bool packed = group & Q4_PACKED;
   group &= Q4_PACKED - 1;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
-  const bool half_last = k % 256 != 0;  // never when packed
   // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
   const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
   uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
@@ -725,7 +725,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   // register, and converted where they are used, so neither load waits for the other (f32 ones,
   // which would need twice the registers, are loaded where they are used).
   auto fetch = [&](i64 r0, i64 c) {  // chunk c's words (and 16-bit scales and biases)
-    const bool full = !half_last || c + 1 < chunks;
+    const bool in0 = c * 8 + t < runs, in1 = c * 8 + t + 4 < runs;  // words t and t + 4 within k
     i64 ra, rb;
     rows_of(r0, ra, rb);
 #pragma unroll
@@ -740,10 +740,11 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       }
       const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
       const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
-      q[m][0][0] = __ldcs(pa + t);
-      q[m][0][1] = full ? __ldcs(pa + t + 4) : make_uint4(0, 0, 0, 0);
-      q[m][1][0] = __ldcs(pb + t);
-      q[m][1][1] = full ? __ldcs(pb + t + 4) : make_uint4(0, 0, 0, 0);
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      q[m][0][0] = in0 ? __ldcs(pa + t) : zero;
+      q[m][0][1] = in1 ? __ldcs(pa + t + 4) : zero;
+      q[m][1][0] = in0 ? __ldcs(pb + t) : zero;
+      q[m][1][1] = in1 ? __ldcs(pb + t + 4) : zero;
     }
     if (sdt == 0) return;
     i64 at[4];
@@ -764,9 +765,8 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 #pragma unroll
   for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
   for (i64 c = warp; c < chunks; c += warps) {
-    // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b (none past k in a half
-    // chunk; runs is a multiple of 4, so run + 1 is in when run is).
-    const bool full = !half_last || c + 1 < chunks;
+    // This lane's outputs: runs 2t and 2t + 1 of the chunk, rows a and b (none past k in a
+    // partial chunk; runs is even, so run + 1 is in when run is).
     const i64 run = c * 8 + 2 * t;
     const bool in = run < runs;
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
@@ -775,10 +775,12 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
-      if (u == 1 && !full) break;  // uniform across the warp
+      if (u == 1 && c * 8 + 4 >= runs) break;  // uniform across the warp
+      // B's column g: run g of the chunk, from the lane whose word it is (zeros past k).
+      const bool feeds = u == mine && c * 8 + t + 4 * u < runs;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
+        const uint4 xb = feeds ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int m = 0; m < NM; m++)
           tc_mma_word<X>(cc[m], ((const unsigned*)&q[m][0][u])[j], ((const unsigned*)&q[m][1][u])[j], xb);
@@ -842,7 +844,7 @@ TC_QGEMV3(bf16, BF16, , TC_GEMV_CAP)
 TC_QGEMV3(f16, F16, _r0, )
 TC_QGEMV3(bf16, BF16, _r0, )
 
-// The parameter lists of qgemv and qglu (m must be 1; k a multiple of 128; blockDim.x at most
+// The parameter lists of qgemv and qglu (m must be 1; k a multiple of 64; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
 #define TC_QGEMV(XN, X, SUF, CAP)                                                                                     \
   extern "C" __global__ void CAP tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,         \

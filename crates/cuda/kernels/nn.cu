@@ -229,11 +229,84 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
   }
 }
 
+// Rows [row0, row0 + nrows) of y [rows, dv] (nrows at most the block's warps) from their
+// `splits` partials each (max, sum, unnormalized output; attention_split's part): a row a warp,
+// or blockDim / 32 / nrows warps a row splitting its channels. Each warp finds its row's max and
+// sum over the splits itself (lanes over splits, shuffles: no block barrier, two rounds of
+// loads in all), then each channel sums the splits' outputs with their weights, loads
+// independent of one another. Partials are read through L2 (other blocks of the same launch
+// wrote them where the split kernel merges them itself). At most 256 splits (launch.rs caps
+// them), blocks of at most 4 warps.
+__device__ __forceinline__ void combine_rows(const float* part, i64 splits, i64 dv, void* y, int ydt, i64 row0,
+                                             i64 nrows) {
+  __shared__ float wsplit[4][256];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per = (int)((blockDim.x >> 5) / nrows), r = warp / per, sub = warp % per;
+  if (r >= nrows) return;
+  const float* p = part + (row0 + r) * splits * (dv + 2);
+  float m[8], l[8], mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const i64 sp = lane + 32 * i;
+    m[i] = sp < splits ? __ldcg(p + sp * (dv + 2)) : -INFINITY;
+    l[i] = sp < splits ? __ldcg(p + sp * (dv + 2) + 1) : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i++) mx = fmaxf(mx, m[i]);
+  mx = warp_max(mx);
+  float tot = 0.0f;
+  float* ws = wsplit[warp];
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const i64 sp = lane + 32 * i;
+    const float w = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+    tot += w == 0.0f ? 0.0f : l[i] * w;
+    if (sp < splits) ws[sp] = w;
+  }
+  tot = warp_sum(tot);
+  __syncwarp();
+  const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
+  for (i64 c = sub * 32 + lane; c < dv; c += 32 * per) {
+    float o = 0.0f;
+#pragma unroll 8
+    for (i64 sp = 0; sp < splits; sp++) o += __ldcg(p + sp * (dv + 2) + 2 + c) * ws[sp];
+    stf(y, ydt, (row0 + r) * dv + c, o * inv);
+  }
+}
+
+// y [rows, dv] from the partials of attention_split: one block per row.
+extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 dv, void* y, int ydt) {
+  pdl_trigger();  // the output product (a programmatic GEMV) may request its weights meanwhile
+  combine_rows(part, splits, dv, y, ydt, blockIdx.x, 1);
+}
+
+// The merge of a split kernel's partials without a second launch: every block of group `grp`
+// (a row, or a kv head's rows [row0, row0 + nrows)) counts itself done in ticket[grp] once its
+// partials are visible; the last of the group's `splits` blocks resets the count for the next
+// launch and combines the group's rows into y. ticket null: attention_combine merges them.
+__device__ __forceinline__ void splits_done(const float* part, int* ticket, i64 grp, i64 row0, i64 nrows, i64 splits,
+                                            i64 dv, void* y, int ydt) {
+  if (!ticket) return;
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(ticket + grp, 1) == splits - 1;
+    if (last) ticket[grp] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  pdl_trigger();
+  __threadfence();
+  combine_rows(part, splits, dv, y, ydt, row0, nrows);
+}
+
 // Decode attention split over the cache (flash-decoding), for one query position per (batch,
 // head): block (row, split) of 128 threads takes keys [split·chunk, split·chunk + chunk) within
 // the valid range, each warp an interleaved share with a running max and sum, and writes its
-// partial (max, sum, unnormalized output) to part [rows, splits, dv + 2]; attention_combine
-// merges the splits. The length is read from device memory, so the grid is fixed for replay.
+// partial (max, sum, unnormalized output) to part [rows, splits, dv + 2]; the last block of a
+// row to finish merges them (splits_done), or attention_combine does where the launch passes no
+// tickets. The length is read from device memory, so the grid is fixed for replay.
 #define ATT_MAXD 256
 // KV: the cache's storage type, so its loads are plain typed loads that issue together (see
 // attention_split_kv for the dispatch on kdt).
@@ -328,45 +401,26 @@ __device__ __forceinline__ void attention_split_kv(const void* q, int qdt, const
   else SPLIT_ROWS(BF16);
 #undef SPLIT_ROWS
 }
+// The split kernels' parameters after part: ticket, y and ydt (see splits_done).
 extern "C" __global__ void attention_split(const void* q, int qdt, const void* k, const void* v, int kdt,
-                                           const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
-                                           i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
-                                           float softcap, i64 chunk, int* error, int tag) {
+                                           const void* kv_len, int len_kind, int len_count, float* part, int* ticket,
+                                           void* y, int ydt, i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale,
+                                           int causal, i64 window, float softcap, i64 chunk, int* error, int tag) {
   attention_split_kv<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
                             window, softcap, chunk, error, tag, KvPages{});
+  splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, dv, y, ydt);
 }
 // attention_split over a paged pool: its parameters, then the table, its width, the block
 // size and the pool's blocks (s is width · bs); the same for attention_gqa_paged_*.
 extern "C" __global__ void attention_split_paged(const void* q, int qdt, const void* k, const void* v, int kdt,
-                                                 const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
-                                                 i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal, i64 window,
-                                                 float softcap, i64 chunk, int* error, int tag, const void* table,
-                                                 int table_kind, i64 width, i64 bs, i64 blocks) {
+                                                 const void* kv_len, int len_kind, int len_count, float* part,
+                                                 int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64 d, i64 dv,
+                                                 float scale, int causal, i64 window, float softcap, i64 chunk,
+                                                 int* error, int tag, const void* table, int table_kind, i64 width,
+                                                 i64 bs, i64 blocks) {
   attention_split_kv<true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
                            window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});
-}
-
-// y [rows, dv] from the partials of attention_split: one block per row.
-extern "C" __global__ void attention_combine(const float* part, i64 splits, i64 dv, void* y, int ydt) {
-  pdl_trigger();  // the output product (a programmatic GEMV) may request its weights meanwhile
-  const i64 row = blockIdx.x;
-  const float* p = part + row * splits * (dv + 2);
-  float mx = -INFINITY;
-  for (i64 sp = 0; sp < splits; sp++) mx = fmaxf(mx, p[sp * (dv + 2)]);
-  float tot = 0.0f;
-  for (i64 sp = 0; sp < splits; sp++) {
-    const float m = p[sp * (dv + 2)];
-    if (m != -INFINITY) tot += p[sp * (dv + 2) + 1] * expf(m - mx);
-  }
-  const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
-  for (i64 c = threadIdx.x; c < dv; c += blockDim.x) {
-    float o = 0.0f;
-    for (i64 sp = 0; sp < splits; sp++) {
-      const float m = p[sp * (dv + 2)];
-      if (m != -INFINITY) o += p[sp * (dv + 2) + 2 + c] * expf(m - mx);
-    }
-    stf(y, ydt, row * dv + c, o * inv);
-  }
+  splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, dv, y, ydt);
 }
 
 // E consecutive elements (E = 2, 4 or 8) of dtype dt from element i of p (16-byte aligned runs
@@ -463,8 +517,8 @@ __device__ __forceinline__ float gqa_score(const float* qv, const float* kf, flo
 // for the group. Head size D = 32 · E (128 or 256 as launched), a lane holding E channels.
 // Four warps share the keys: first the scores of every head (kept in shared memory), then each
 // head's max and exponentials, then the weighted values, summed over the warps. Writes
-// attention_split's partials (max, sum, unnormalized output) per query row, which
-// attention_combine merges; the parameters are attention_split's (its head sizes unused).
+// attention_split's partials (max, sum, unnormalized output) per query row, merged as
+// attention_split's are; the parameters are attention_split's (its head sizes unused).
 template <int E, bool PAGED>
 __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
                                               const void* kv_len, int len_kind, int len_count, float* part,
@@ -566,20 +620,30 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
     }
   }
 }
+// splits_done for the grouped kernels: block (b · hkv + kv head, split) merges its group's rows.
+template <int E>
+__device__ __forceinline__ void gqa_splits_done(const float* part, int* ticket, i64 hq, i64 hkv, void* y, int ydt) {
+  const i64 grp = blockIdx.x, g = hq / hkv;
+  splits_done(part, ticket, grp, grp / hkv * hq + grp % hkv * g, g, gridDim.y, 32 * E, y, ydt);
+}
 #define ATTENTION_GQA(E)                                                                                               \
   extern "C" __global__ void attention_gqa_##E(                                                                        \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,    \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale,                       \
+      int causal, i64 window, float softcap, i64 chunk,                                                                \
       int* error, int tag) {                                                                                           \
     attention_gqa<E, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window, \
                             softcap, chunk, error, tag, KvPages{});                                                    \
+    gqa_splits_done<E>(part, ticket, hq, hkv, y, ydt);                                                                 \
   }                                                                                                                    \
   extern "C" __global__ void attention_gqa_paged_##E(                                                                  \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal, i64 window, float softcap, i64 chunk,    \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale,                       \
+      int causal, i64 window, float softcap, i64 chunk,                                                                \
       int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, i64 blocks) {                         \
     attention_gqa<E, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window,   \
                            softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});                 \
+    gqa_splits_done<E>(part, ticket, hq, hkv, y, ydt);                                                                 \
   }
 ATTENTION_GQA(4)
 ATTENTION_GQA(8)
@@ -679,17 +743,21 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
 #define ATTENTION_GQA_ONLINE(E)                                                                                        \
   extern "C" __global__ void attention_gqa_online_##E(                                                                 \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int, i64 window, float softcap, i64 chunk,          \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale,                       \
+      int, i64 window, float softcap, i64 chunk,                                                                       \
       int* error, int tag) {                                                                                           \
     attention_gqa_online<E, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, window,  \
                                    softcap, chunk, error, tag, KvPages{});                                             \
+    gqa_splits_done<E>(part, ticket, hq, hkv, y, ydt);                                                                 \
   }                                                                                                                    \
   extern "C" __global__ void attention_gqa_online_paged_##E(                                                           \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int, i64 window, float softcap, i64 chunk,          \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale,                       \
+      int, i64 window, float softcap, i64 chunk,                                                                       \
       int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, i64 blocks) {                         \
     attention_gqa_online<E, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, window,   \
                                   softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});          \
+    gqa_splits_done<E>(part, ticket, hq, hkv, y, ydt);                                                                 \
   }
 ATTENTION_GQA_ONLINE(4)
 ATTENTION_GQA_ONLINE(8)

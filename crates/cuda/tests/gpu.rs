@@ -290,18 +290,20 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         }
     }
     // Gemma's GELU (tanh) gated MLP through the same fused kernels: 4-bit (CUDA cores, k not a
-    // multiple of 128; tensor cores, also with Gemma 3 1B's k = 1152, which ends in a half
-    // chunk) and dense, one row.
-    for (act, wdt, bits, k) in [
-        (DType::BF16, DType::BF16, 4u32, 192usize),
-        (DType::F16, DType::F16, 4, 256),
-        (DType::BF16, DType::BF16, 4, 1152),
-        (DType::BF16, DType::BF16, 0, 192),
+    // multiple of 64; tensor cores, with chunks that end in 192 values, or in a half chunk as
+    // Gemma 3 1B's k = 1152 does) and dense, one row.
+    for (act, wdt, bits, k, group) in [
+        (DType::BF16, DType::BF16, 4u32, 96usize, 32usize),
+        (DType::BF16, DType::BF16, 4, 192, 64),
+        (DType::F16, DType::F16, 4, 448, 64),
+        (DType::F16, DType::F16, 4, 256, 64),
+        (DType::BF16, DType::BF16, 4, 1152, 64),
+        (DType::BF16, DType::BF16, 0, 192, 64),
     ] {
         let n = 48;
         let mut b = GraphBuilder::default();
         let x = b.input("x", act, &[1, 1, k]);
-        let proj = |b: &mut GraphBuilder, seed: u64| projection(b, x, seed, (n, k), (bits, 64), wdt);
+        let proj = |b: &mut GraphBuilder, seed: u64| projection(b, x, seed, (n, k), (bits, group), wdt);
         let g = proj(&mut b, 31);
         let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
         let u = proj(&mut b, 32);
@@ -309,7 +311,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let graph = b.finish(&[y]);
         let out_dtype = graph.node(graph.outputs[0]).dtype;
         cases.push(OpCase {
-            name: format!("fused gelu glu {act} w{wdt} bits {bits} k {k}"),
+            name: format!("fused gelu glu {act} w{wdt} bits {bits} k {k} group {group}"),
             graph: passed(&graph),
             inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(7, k)).unwrap()],
             states: vec![],
@@ -345,10 +347,12 @@ fn fused_decode_patterns_match_the_cpu_backend() {
     // The add + RMSNorm in front of them computed inside their launch (the residual sum an
     // output too), with w and with 1 + w (Gemma's form). Norm weights in x's dtype: f32 ones
     // would make the norm's output f32 (MLX's promotion) and the products CUDA-core ones.
-    // Gemma's width (1152, a half chunk at the end) with 1 + w, and llama's form.
+    // Gemma's width (1152, a half chunk at the end) with 1 + w, llama's form, and SmolLM2's
+    // width (576: two chunks and a quarter).
     for (act, nwdt, unit, k) in [
         (DType::F16, DType::F16, true, 1152usize),
         (DType::BF16, DType::BF16, false, 768),
+        (DType::F16, DType::F16, false, 576),
     ] {
         let mut b = GraphBuilder::default();
         let h = b.input("h", act, &[1, 1, k]);

@@ -131,6 +131,9 @@ pub(crate) struct GemvLaunch {
     /// Dynamic shared memory: one row of x as f32 plus its 16-value sums when the kernel
     /// stages it there (at most MAX_STAGED_BYTES), else 0.
     pub smem: u32,
+    /// Bytes of packed weights one matrix of the launch reads (tensor-core launches; 0 for
+    /// the others): what decides programmatic launch (`Gpu::launch_gemv`).
+    pub weights: usize,
 }
 
 /// The gemv.cu instantiation `{family}_{x}_{variant}_{MR}_{R}` for `rows` rows of x (`k` wide)
@@ -166,11 +169,13 @@ pub(crate) fn gemv_kernel(
         grid: n.div_ceil(warps * r) as u32,
         block: 32 * warps as u32,
         smem,
+        weights: 0,
     })
 }
 
 /// The tensor-core GEMV (gemv.cu, `tc_{family}_{x}_4`) for one row of f16 or bf16 x by 4-bit
-/// weights, when it applies: k a multiple of 128 (half its 256-value chunk), x staged whole in
+/// weights, when it applies: k a multiple of 64 (a quarter of its 256-value chunk; SmolLM2's 576
+/// and 1536 take it, with the add + RMSNorm folded in), x staged whole in
 /// shared memory. A block computes 16 weight rows, its warps splitting k: as many warps (a power
 /// of two up to 16, at least 2, at most the chunks) as keep about 32 warps on each SM.
 /// `MLXCEL_GEMV_TC=0` turns it off and `MLXCEL_TC_WARPS=N` fixes the warps (for kernel tuning).
@@ -184,8 +189,7 @@ pub(crate) fn tc_gemv_kernel(
 ) -> Option<GemvLaunch> {
     use mlxcel_core::DType;
     let tune = gemv_tuning();
-    if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(128)
-    {
+    if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(64) {
         return None;
     }
     let smem = 2 * k + k / 8;
@@ -213,13 +217,15 @@ pub(crate) fn tc_gemv_kernel(
         grid: tiles as u32,
         block: 32 * warps.clamp(1, 16) as u32,
         smem: smem.next_multiple_of(16) as u32,
+        weights: n * k / 2,
     })
 }
 
 /// The ring variant (gemv.cu `tc_qring`) of a tensor-core GEMV launch `l` for `nm` weights a
 /// tile (2: a GLU) where it applies, else `l`: each warp streams its chunks of weights, scales
 /// and biases through shared-memory stages (cp.async) instead of one chunk in its registers.
-/// With the launch comes the ring kernel's last argument, its stage count. Needs each row's scales to
+/// With the launch comes the ring kernel's last argument, its stage count. Needs k a multiple of
+/// 128 and each row's scales to
 /// start on 4 bytes. Off by default: `MLXCEL_TC_RING=N` turns it on with N stages (4 measured
 /// best; with `MLXCEL_PDL=1` it led on the 8B presets and trailed on the 1B ones,
 /// docs/benchmark_results/cuda-decode.md), `MLXCEL_RING_WARPS=N` sets the warps a block (default:
@@ -243,6 +249,7 @@ pub(crate) fn tc_ring(
     let ssz = scales.size();
     let tiles = l.grid as usize;
     if ring < 2
+        || !k.is_multiple_of(128)
         || tiles * 16 * k * nm < least
         || !matches!(group, 32 | 64 | 128)
         || !(k / group * ssz).is_multiple_of(4)
@@ -268,6 +275,7 @@ pub(crate) fn tc_ring(
         grid: l.grid,
         block: 32 * warps as u32,
         smem: (x + warps * ring * stage) as u32,
+        weights: l.weights,
     };
     (ringed, Some(ring as i32))
 }
@@ -845,9 +853,17 @@ pub fn node(
             let rows = a.b * a.hq * a.t;
             if let (Some(splits), true) = (decode_attention_splits(graph, i), scratch != 0) {
                 let chunk = a.s.div_ceil(splits);
+                // The split kernel merges its partials itself (its last block a row group), or
+                // leaves them to attention_combine (`MLXCEL_ATT_MERGE=0`): the tickets follow the
+                // partials in the node's scratch (partials_scratch).
+                let merge = split_merge(gqa_decode_kernel(graph, i).is_some());
+                let tickets = scratch + (rows * splits * (a.dv + 2) * 4) as u64;
                 let mut split_args = operands.to_vec();
                 split_args.extend([
                     Ptr(scratch),
+                    Ptr(if merge { tickets } else { 0 }),
+                    Ptr(out),
+                    I32(fcode(node.dtype)?),
                     I64(a.hq as i64),
                     I64(a.hkv as i64),
                     I64(a.s as i64),
@@ -892,6 +908,9 @@ pub fn node(
                     None => ("attention_split", rows, 0),
                 };
                 gpu.launch_grid(name, (blocks as u32, splits as u32), 128, smem as u32, &split_args)?;
+                if merge {
+                    return Ok(());
+                }
                 let combine = [
                     Ptr(scratch),
                     I64(splits as i64),
@@ -1707,8 +1726,11 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
         };
         return Some(splits.min(a.s).clamp(1, 256));
     }
-    // The per-head kernel also aims at a block for every SM twice over.
-    Some(by_keys.max(264usize.div_ceil(a.b * a.hq)).min(a.s).clamp(1, 256))
+    // The per-head kernel also aims at a block for every SM twice over (`MLXCEL_ATT_FILL=N`: N
+    // blocks in all, for tuning).
+    static FILL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let fill = *FILL.get_or_init(|| env_usize("MLXCEL_ATT_FILL").unwrap_or(264).max(1));
+    Some(by_keys.max(fill.div_ceil(a.b * a.hq)).min(a.s).clamp(1, 256))
 }
 
 /// The grouped-query decode attention kernel for node `i`, as its channels a lane, where it
@@ -1725,6 +1747,22 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     let group = a.hq / a.hkv.max(1);
     let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 128 | 256);
     (fits && a.hkv > 0 && a.hq % a.hkv == 0 && (1..=4).contains(&group)).then_some(a.d / 32)
+}
+
+/// Whether a decode attention's split kernel merges its partials itself (the last block of a
+/// row group to finish combines them; nn.cu, splits_done) rather than leaving them to a second
+/// launch, attention_combine: the per-head kernel does (H100: smollm2-135m 871.7 against 863.0
+/// tok/s, llama-3.2-1b 967.6 against 955.0), the grouped one does not (llama-3.1-8b 275.8
+/// against 283.3: its few long blocks end in the merge). `MLXCEL_ATT_MERGE=0`: neither;
+/// `MLXCEL_ATT_MERGE=all`: both.
+fn split_merge(grouped: bool) -> bool {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_ATT_MERGE").unwrap_or_default());
+    match mode.as_str() {
+        "0" => false,
+        "all" => true,
+        _ => !grouped,
+    }
 }
 
 /// `MLXCEL_ATT_ONLINE=1`: grouped decode attention with each warp's keys and values requested
@@ -1975,7 +2013,9 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
     }
     let splits = decode_attention_splits(graph, i)?;
     let a = attention_shape(graph, i)?;
-    Some(a.b * a.hq * splits * (a.dv + 2) * 4)
+    // The partials (max, sum and output of each split of each query row), then a ticket a row
+    // (zeroed here; the split kernels leave them at zero).
+    Some(a.b * a.hq * (splits * (a.dv + 2) + 1) * 4)
 }
 
 #[cfg(test)]

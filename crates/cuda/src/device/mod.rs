@@ -780,7 +780,7 @@ impl Gpu {
                 .map_err(driver_err)?;
             grid = grid.min((per_sm * self.sms).max(1));
         }
-        if tensor_cores && programmatic() {
+        if tensor_cores && programmatic(l.weights) {
             return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
         }
         self.launch(l.name, grid, l.block, l.smem, args)
@@ -870,12 +870,17 @@ fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
     Ok(())
 }
 
-/// `MLXCEL_PDL=1` launches the tensor-core GEMVs with programmatic dependent launch. Off by
-/// default until measured on every preset: +2% on llama-3.1-8b with the one-chunk kernel, -1 to
-/// -3% on qwen3-8b and llama-3.2-1b (docs/benchmark_results/cuda-decode.md).
-fn programmatic() -> bool {
-    static PDL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    launch::switch(&PDL, "MLXCEL_PDL", false)
+/// Whether a tensor-core GEMV reading `weights` bytes of one matrix is launched with
+/// programmatic dependent launch (it starts while the kernel ahead drains and requests its first
+/// weights): by default where the matrix is at most 16 MiB, the short, latency-bound products
+/// whose start the previous kernel's tail hides (H100, all of them programmatic: smollm2-135m
+/// 871.7 → 959.4 tok/s, llama-3.2-1b 967.6 → 1021.7, but llama-3.1-8b 275.8 → 271.5, whose large
+/// products then compete with the kernel ahead for bandwidth). `MLXCEL_PDL=1`: every one;
+/// `MLXCEL_PDL=0`: none.
+fn programmatic(weights: usize) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_PDL").ok().map(|v| v == "1"));
+    mode.unwrap_or(weights <= 16 << 20)
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
