@@ -114,6 +114,65 @@ struct KvPages {
   }
 };
 
+// The rope and cache writes a decode attention launch does itself (fuse.rs, RopeAttention; the
+// `_rope` kernels): q, k and v arrive as the projections before rope, [B, H, 1, D] each, all in
+// the cache's dtype. The queries are rotated as they are loaded (rounded as rope stores them);
+// the new key (rotated) and value go into the caches at wpos, written by the blocks whose split
+// of the cache holds wpos before they read it (every other block reads only other positions).
+// Null k: the launch took no rope (q is rotated already, the caches written).
+struct RopeIn {
+  const void* k;
+  const void* v;
+  const void* pos;
+  int pos_kind, pos_batched;
+  const void* freq;
+  int fdt;
+  i64 dims;
+  int interleaved;
+  float scale;
+  const void* wpos;
+  int wpos_kind, wpos_len;
+  // Batch row bi's position (rope's, not the write's).
+  __device__ __forceinline__ float position(i64 bi) const {
+    return (float)ld_index(pos, pos_kind, pos_batched ? bi : 0);
+  }
+  // Channel j of the head at base (D channels) of x (dtype dt) at position p, rotated as rope
+  // computes it and rounded to dt as rope stores it; channels past dims as they are.
+  __device__ __forceinline__ float rotated(const void* x, int dt, i64 base, i64 j, float p) const {
+    if (j >= dims) return ldf(x, dt, base + j);
+    const i64 half = dims / 2;
+    const i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
+    const i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    float sn, cs;
+    sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
+    const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
+    return round_to(j == ia ? a * cs - c * sn : a * sn + c * cs, dt);
+  }
+  // Batch row bi's new key (rotated) and value of kv head kvh into the caches kc and vc
+  // [B, Hkv, S, ·] (dtype dt) at its write position, by this block if its split (of `chunk`
+  // positions) holds that position; a position outside the cache flags the error. Ends with a
+  // block barrier, so the block then reads what it wrote.
+  __device__ __forceinline__ void write(void* kc, void* vc, int dt, i64 bi, i64 hkv, i64 kvh, i64 s, i64 d, i64 dv,
+                                        i64 split, i64 chunk, int* error, int tag) const {
+    const i64 w = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
+    if (w < 0 || w >= s) {
+      if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);
+    } else if (w / chunk == split) {
+      const i64 src = bi * hkv + kvh, dst = src * s + w;
+      const float p = position(bi);
+      for (i64 c = threadIdx.x; c < d; c += blockDim.x) stf(kc, dt, dst * d + c, rotated(k, dt, src * d, c, p));
+      for (i64 c = threadIdx.x; c < dv; c += blockDim.x) stf(vc, dt, dst * dv + c, ldf(v, dt, src * dv + c));
+    }
+    __syncthreads();
+  }
+};
+// The rope parameters of a `_rope` attention kernel (after its own), and the RopeIn they make.
+#define ROPE_PARAMS                                                                                                    \
+  const void *rk, const void *rv, const void *rpos, int rpos_kind, int rpos_batched, const void *rfreq, int rfdt,      \
+      i64 rdims, int rinterleaved, float rscale, const void *rwpos, int rwpos_kind, int rwpos_len
+#define ROPE_IN                                                                                                        \
+  RopeIn{rk, rv, rpos, rpos_kind, rpos_batched, rfreq, rfdt, rdims, rinterleaved, rscale, rwpos, rwpos_kind, rwpos_len}
+
 // One block (128 threads) per query row (b, hq, t): scores over the valid keys, softmax, then
 // the weighted sum of values. Scores live in dynamic shared memory (S floats).
 template <bool PAGED>
@@ -315,13 +374,14 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
                                                      const void* kv_len, int len_kind, int len_count, float* part,
                                                      i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal,
                                                      i64 window, float softcap, i64 chunk, int* error, int tag,
-                                                     KvPages pg) {
+                                                     KvPages pg, const RopeIn& rp) {
   typedef typename KV::T T;
   __shared__ float wm[4], wl[4], wacc[4][ATT_MAXD];
   const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* out = part + (row * splits + split) * (dv + 2);
+  if (rp.k) rp.write((void*)k, (void*)v, kdt, bi, hkv, kvh, s, d, dv, split, chunk, error, tag);
   const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
   if (len < 1 || len > s) {
     if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);
@@ -337,10 +397,11 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
   const i64 kbase = (bi * hkv + kvh) * s;
   auto krow = [&](i64 j) { return PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j; };
   float qv[ATT_MAXD / 32], acc[ATT_MAXD / 32];
+  const float qpos = rp.k ? rp.position(bi) : 0.0f;
 #pragma unroll
   for (int i = 0; i < ATT_MAXD / 32; i++) {
     const i64 c = lane + 32 * i;
-    qv[i] = c < d ? ldf(q, qdt, row * d + c) : 0.0f;
+    qv[i] = c >= d ? 0.0f : rp.k ? rp.rotated(q, qdt, row * d, c, qpos) : ldf(q, qdt, row * d + c);
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
@@ -392,10 +453,10 @@ __device__ __forceinline__ void attention_split_kv(const void* q, int qdt, const
                                                    const void* kv_len, int len_kind, int len_count, float* part,
                                                    i64 hq, i64 hkv, i64 s, i64 d, i64 dv, float scale, int causal,
                                                    i64 window, float softcap, i64 chunk, int* error, int tag,
-                                                   KvPages pg) {
+                                                   KvPages pg, const RopeIn& rp = RopeIn{}) {
 #define SPLIT_ROWS(KV)                                                                                                 \
   attention_split_rows<PAGED, KV>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale,     \
-                                  causal, window, softcap, chunk, error, tag, pg)
+                                  causal, window, softcap, chunk, error, tag, pg, rp)
   if (kdt == 0) SPLIT_ROWS(F32);
   else if (kdt == 1) SPLIT_ROWS(F16);
   else SPLIT_ROWS(BF16);
@@ -408,6 +469,17 @@ extern "C" __global__ void attention_split(const void* q, int qdt, const void* k
                                            int causal, i64 window, float softcap, i64 chunk, int* error, int tag) {
   attention_split_kv<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
                             window, softcap, chunk, error, tag, KvPages{});
+  splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, dv, y, ydt);
+}
+// attention_split with the queries' rope and the cache writes of its new key and value (see
+// RopeIn): its parameters, then ROPE_PARAMS.
+extern "C" __global__ void attention_split_rope(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                const void* kv_len, int len_kind, int len_count, float* part,
+                                                int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64 d, i64 dv,
+                                                float scale, int causal, i64 window, float softcap, i64 chunk,
+                                                int* error, int tag, ROPE_PARAMS) {
+  attention_split_kv<false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, d, dv, scale, causal,
+                            window, softcap, chunk, error, tag, KvPages{}, ROPE_IN);
   splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, dv, y, ydt);
 }
 // attention_split over a paged pool: its parameters, then the table, its width, the block
@@ -523,7 +595,8 @@ template <int E, bool PAGED>
 __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void* k, const void* v, int kdt,
                                               const void* kv_len, int len_kind, int len_count, float* part,
                                               i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
-                                              float softcap, i64 chunk, int* error, int tag, KvPages pg) {
+                                              float softcap, i64 chunk, int* error, int tag, KvPages pg,
+                                              const RopeIn& rp = RopeIn{}) {
   (void)causal;
   constexpr int D = 32 * E, GM = 4;  // launch.rs sizes the shared memory for these
   extern __shared__ float att_sm[];
@@ -534,10 +607,19 @@ __device__ __forceinline__ void attention_gqa(const void* q, int qdt, const void
   const i64 bi = grp / hkv, kvh = grp % hkv, g = hq / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 row0 = bi * hq + kvh * g;  // query row of the group's first head
+  if (rp.k) rp.write((void*)k, (void*)v, kdt, bi, hkv, kvh, s, D, D, split, chunk, error, tag);
   i64 j0, n;
   gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
   float qv[GM][E];
-  gqa_queries<E, GM>(q, qdt, row0, g, lane, qv);
+  if (rp.k) {  // each channel's rotation computed once for the group's heads
+    const float p = rp.position(bi);
+#pragma unroll
+    for (int h = 0; h < GM; h++)
+#pragma unroll
+      for (int e = 0; e < E; e++) qv[h][e] = h < g ? rp.rotated(q, qdt, (row0 + h) * D, lane * E + e, p) : 0.0f;
+  } else {
+    gqa_queries<E, GM>(q, qdt, row0, g, lane, qv);
+  }
   const i64 kbase = (bi * hkv + kvh) * s + j0;
   auto krow = [&](i64 jj) { return PAGED ? pg.row(bi, hkv, kvh, j0 + jj, error, tag) : kbase + jj; };
   constexpr int U = 4;  // keys a warp has in flight
@@ -647,6 +729,18 @@ __device__ __forceinline__ void gqa_splits_done(const float* part, int* ticket, 
   }
 ATTENTION_GQA(4)
 ATTENTION_GQA(8)
+// attention_gqa with the queries' rope and the cache writes of the new key and value (RopeIn).
+#define ATTENTION_GQA_ROPE(E)                                                                                          \
+  extern "C" __global__ void attention_gqa_rope_##E(                                                                   \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag, ROPE_PARAMS) {                                        \
+    attention_gqa<E, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, window, \
+                            softcap, chunk, error, tag, KvPages{}, ROPE_IN);                                           \
+    gqa_splits_done<E>(part, ticket, hq, hkv, y, ydt);                                                                 \
+  }
+ATTENTION_GQA_ROPE(4)
+ATTENTION_GQA_ROPE(8)
 
 // attention_gqa with one round of loads per U keys: each warp takes U consecutive keys at a time
 // and requests their keys and values together, and keeps an online softmax per head (running

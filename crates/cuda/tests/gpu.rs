@@ -233,6 +233,90 @@ fn projection(
 /// The decode patterns the CUDA backend fuses (gated MLP over quantized and dense weights,
 /// residual add + RMSNorm) and the GEMV kernels, in several dtypes and row counts, against the
 /// CPU backend (which runs the plain ops).
+/// One decode step's rope, cache writes and attention (the queries' and keys' rope, both
+/// caches written at the step's position, attention over them), batch rows at positions `at`:
+/// the pattern whose rope and writes CUDA folds into the attention's split kernel. Returns the
+/// graph and its case inputs (q, k, v, rope positions, write positions) and initial caches.
+#[allow(clippy::type_complexity)]
+fn rope_decode_step(
+    dt: mlxcel_core::DType,
+    (hq, hkv, d, dims): (usize, usize, usize, usize),
+    interleaved: bool,
+    cap: usize,
+    at: &[usize],
+) -> (
+    mlxcel_core::Graph,
+    Vec<mlxcel_core::HostTensor>,
+    Vec<(String, mlxcel_core::HostTensor)>,
+) {
+    use mlxcel_core::{DType, GraphBuilder, HostTensor};
+    let b = at.len();
+    let mut g = GraphBuilder::default();
+    let kc = g.state("k_cache", dt, &[b, hkv, cap, d]);
+    let vc = g.state("v_cache", dt, &[b, hkv, cap, d]);
+    let q = g.input("q", dt, &[b, hq, 1, d]);
+    let k = g.input("k", dt, &[b, hkv, 1, d]);
+    let v = g.input("v", dt, &[b, hkv, 1, d]);
+    let positions = g.input("positions", DType::I32, &[b, 1]);
+    let pos = g.input("pos", DType::I32, &[b]);
+    let freqs: Vec<f32> = (0..dims / 2)
+        .map(|i| 10_000f32.powf(-2.0 * i as f32 / dims as f32))
+        .collect();
+    let freqs = g.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &freqs).unwrap());
+    let q = g.rope(q, positions, freqs, dims, interleaved, 1.0).unwrap();
+    let k = g.rope(k, positions, freqs, dims, interleaved, 1.0).unwrap();
+    let kw = g.kv_write(kc, k, pos).unwrap();
+    let vw = g.kv_write(vc, v, pos).unwrap();
+    let len = g.add_scalar(pos, 1.0).unwrap();
+    let o = g
+        .attention(q, kw, vw, len, 1.0 / (d as f32).sqrt(), true, None, None)
+        .unwrap();
+    let graph = passed(&g.finish(&[o, kw, vw]));
+    let at_f: Vec<f32> = at.iter().map(|&p| p as f32).collect();
+    let inputs = vec![
+        HostTensor::from_f32(dt, &[b, hq, 1, d], &noise(61, b * hq * d)).unwrap(),
+        HostTensor::from_f32(dt, &[b, hkv, 1, d], &noise(62, b * hkv * d)).unwrap(),
+        HostTensor::from_f32(dt, &[b, hkv, 1, d], &noise(63, b * hkv * d)).unwrap(),
+        HostTensor::from_f32(DType::I32, &[b, 1], &at_f).unwrap(),
+        HostTensor::from_f32(DType::I32, &[b], &at_f).unwrap(),
+    ];
+    let cache = |seed| HostTensor::from_f32(dt, &[b, hkv, cap, d], &noise(seed, b * hkv * cap * d)).unwrap();
+    let states = vec![("k_cache".to_string(), cache(64)), ("v_cache".to_string(), cache(65))];
+    (graph, inputs, states)
+}
+
+/// The shapes the rope-folding attention kernels are checked in: the per-head kernel (64-wide
+/// heads, a split a position), the grouped ones (4 and 8 channels a lane), two batch rows at
+/// different positions with interleaved partial rotary, the last slot of the cache.
+#[allow(clippy::type_complexity)]
+const ROPE_DECODE: [(mlxcel_core::DType, (usize, usize, usize, usize), bool, usize, &[usize]); 4] = [
+    (mlxcel_core::DType::F16, (4, 2, 64, 64), false, 40, &[17]),
+    (mlxcel_core::DType::BF16, (8, 2, 128, 128), false, 300, &[250]),
+    (mlxcel_core::DType::F16, (6, 2, 128, 64), true, 64, &[5, 40]),
+    (mlxcel_core::DType::BF16, (4, 2, 256, 256), false, 50, &[49]),
+];
+
+/// Turns on the opt-in fold of decode rope and cache writes into the attention
+/// (`MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1`) for this test process. Every test here that reads
+/// the variable sets this one value, and the graphs it changes compute the same values either
+/// way, so tests running alongside may see it.
+fn fold_rope_into_attention() {
+    std::env::set_var("MLXCEL_CUDA_FUSE_ROPE_ATTENTION", "1");
+}
+
+/// With the fold on, the decode step's rope and cache writes run inside the attention's
+/// launch: the step is the length's add and the attention, two launches (no GPU needed to
+/// count them).
+#[test]
+fn decode_attention_takes_its_rope_and_cache_writes() {
+    fold_rope_into_attention();
+    for (dt, shape, interleaved, cap, at) in ROPE_DECODE {
+        let (graph, _, _) = rope_decode_step(dt, shape, interleaved, cap, at);
+        let launches = CudaBackend::launches_per_run(&graph).unwrap();
+        assert_eq!(launches, 2, "{dt} {shape:?}: the length's add and the attention");
+    }
+}
+
 #[test]
 fn fused_decode_patterns_match_the_cpu_backend() {
     use mlxcel_core::testing::{OpCase, Tolerance};
@@ -501,6 +585,23 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![
                 Tolerance::for_dtype(act).scaled(4.0),
                 Tolerance::for_dtype(act).scaled(8.0),
+            ],
+        });
+    }
+    // A decode step's rope and cache writes inside its attention's split kernel (the caches
+    // compared too), the fold turned on.
+    fold_rope_into_attention();
+    for (dt, shape, interleaved, cap, at) in ROPE_DECODE {
+        let (graph, inputs, states) = rope_decode_step(dt, shape, interleaved, cap, at);
+        cases.push(OpCase {
+            name: format!("rope in decode attention {dt} {shape:?} interleaved {interleaved} at {at:?}"),
+            graph,
+            inputs,
+            states,
+            tolerance: vec![
+                Tolerance::for_dtype(dt).scaled(4.0),
+                Tolerance::for_dtype(dt),
+                Tolerance::for_dtype(dt),
             ],
         });
     }

@@ -15,7 +15,9 @@
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer;
 //! - `rms_norm(a + b)` read only by one tensor-core GEMV launch (fused products or GLU): the GEMV
-//!   computes its input itself while staging it, and writes the sum, so the norm is no launch.
+//!   computes its input itself while staging it, and writes the sum, so the norm is no launch;
+//! - opt-in (`MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1`): a decode step's rope-and-write inside the
+//!   split kernel of the attention that reads it.
 //!
 //! A fused kernel runs at the position of the pattern's last node (the anchor) and reads the
 //! pattern's outer inputs there, so the planner must keep those alive until the anchor: the
@@ -56,6 +58,12 @@ pub enum Fused {
         v: usize,
         heads_last: bool,
     },
+    /// Anchor = a decode attention that reads a `RopeQkvWrite`'s three (q, k and v as there):
+    /// its split kernel rotates the queries as it loads them and writes the new key and value
+    /// into the caches itself, so the rope-and-write is no launch. Opt-in
+    /// (`MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1`): correct on the H100 but slower there, though its
+    /// kernels sum to less (docs/benchmark_results/cuda-decode.md, session 11).
+    RopeAttention { q: usize, k: usize, v: usize },
     /// Anchor = a [B, H, T, D] → [B, T, H, D] transpose of a prefill attention's output, the only
     /// reader of `attn`: the flash prefill kernel writes the transposed layout itself.
     HeadsLastAttention { attn: usize },
@@ -92,7 +100,8 @@ impl Fusion {
     }
 
     /// Finds the patterns; `MLXCEL_CUDA_FUSE=0` turns fusion off, `MLXCEL_CUDA_FUSE_PRODUCTS=0`
-    /// only the shared-x products, `MLXCEL_CUDA_FUSE_ROPE=0` only RoPE into the cache.
+    /// only the shared-x products, `MLXCEL_CUDA_FUSE_ROPE=0` only RoPE into the cache;
+    /// `MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1` folds decode rope and cache writes into the attention.
     pub fn find(graph: &Graph) -> Fusion {
         let n = graph.nodes.len();
         let mut f = Fusion::none(n);
@@ -202,6 +211,9 @@ impl Fusion {
             }
         }
         find_rope_qkv(graph, &consumers, &mut f);
+        if rope_fusion && std::env::var("MLXCEL_CUDA_FUSE_ROPE_ATTENTION").is_ok_and(|v| v == "1") {
+            find_rope_attention(graph, &consumers, &mut f);
+        }
         find_heads_last_attention(graph, &consumers, &mut f);
         if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
             find_routers(graph, &consumers, &mut f);
@@ -237,18 +249,9 @@ impl Fusion {
                 Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
                 Some(Fused::RopeQkvWrite { q, k, v, heads_last }) => {
-                    let rope_k = graph.nodes[*k].inputs[1].index();
-                    let mut reads: Vec<NodeId> = [*q, rope_k, *k, *v]
-                        .into_iter()
-                        .flat_map(|j| graph.nodes[j].inputs.clone())
-                        .collect();
-                    if *heads_last {
-                        for (j, slot) in [(*q, 0), (rope_k, 0), (*v, 1)] {
-                            reads.push(graph.node(graph.nodes[j].inputs[slot]).inputs[0]);
-                        }
-                    }
-                    (reads, &None)
+                    (rope_qkv_reads(graph, *q, *k, *v, *heads_last), &None)
                 }
+                Some(Fused::RopeAttention { q, k, v }) => (rope_qkv_reads(graph, *q, *k, *v, false), &None),
             };
             // A GEMV computing its own input reads the sum's operands and the norm's weight.
             if let Some(n) = norm {
@@ -258,6 +261,46 @@ impl Fusion {
             g.nodes[i].inputs.extend(extra);
         }
         g
+    }
+}
+
+/// What a rope-and-write of q, k and v reads: the three nodes' inputs and the keys' rope's
+/// (with heads_last, also the inputs of the transposes it absorbs).
+fn rope_qkv_reads(graph: &Graph, q: usize, k: usize, v: usize, heads_last: bool) -> Vec<NodeId> {
+    let rope_k = graph.nodes[k].inputs[1].index();
+    let mut reads: Vec<NodeId> = [q, rope_k, k, v]
+        .into_iter()
+        .flat_map(|j| graph.nodes[j].inputs.clone())
+        .collect();
+    if heads_last {
+        for (j, slot) in [(q, 0), (rope_k, 0), (v, 1)] {
+            reads.push(graph.node(graph.nodes[j].inputs[slot]).inputs[0]);
+        }
+    }
+    reads
+}
+
+/// Folds each decode rope-and-write (`RopeQkvWrite`, not heads-last) into the attention that
+/// reads its three, where that attention runs a split kernel with a rope variant
+/// ([`super::launch::rope_attention_kernel`]) and nothing else reads the three before it.
+fn find_rope_attention(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for a in 0..graph.nodes.len() {
+        let node = &graph.nodes[a];
+        if !matches!(node.op, Op::Attention { .. }) || f.absorbed[a] || f.anchored[a].is_some() {
+            continue;
+        }
+        let (q, k, v) = (node.inputs[0].index(), node.inputs[1].index(), node.inputs[2].index());
+        let anchor = q.max(k).max(v);
+        let Some(Fused::RopeQkvWrite { heads_last: false, .. }) = f.anchored[anchor] else {
+            continue;
+        };
+        let same = matches!(f.anchored[anchor], Some(Fused::RopeQkvWrite { q: fq, k: fk, v: fv, .. }) if (fq, fk, fv) == (q, k, v));
+        let unread = [q, k, v].iter().all(|&j| consumers[j].iter().all(|&c| c >= a));
+        if same && unread && super::launch::rope_attention_kernel(graph, a).is_some() {
+            f.anchored[anchor] = None;
+            f.absorbed[anchor] = true;
+            f.anchored[a] = Some(Fused::RopeAttention { q, k, v });
+        }
     }
 }
 

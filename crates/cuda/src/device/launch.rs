@@ -383,7 +383,12 @@ fn intern(name: String) -> &'static str {
 /// `heads_last`: an attention (by the flash prefill kernel, [`Fused::HeadsLastAttention`])
 /// writes its output as [B, T, Hq, D] instead of [B, Hq, T, D]; false for every other launch.
 ///
+/// `rope`: a decode attention's rope parameters ([`Fused::RopeAttention`]; its split kernel's
+/// `_rope` variant takes them after its own, and `ptr(0)` is then the queries before rope);
+/// None for every other launch.
+///
 /// [`Fused::HeadsLastAttention`]: super::fuse::Fused::HeadsLastAttention
+/// [`Fused::RopeAttention`]: super::fuse::Fused::RopeAttention
 #[allow(clippy::too_many_arguments)]
 pub fn node(
     gpu: &Gpu,
@@ -395,6 +400,7 @@ pub fn node(
     error: u64,
     tag: i32,
     heads_last: bool,
+    rope: Option<&[Arg]>,
 ) -> Result<()> {
     use Arg::{Ptr, F32, I32, I64, U64};
     let node = &graph.nodes[i];
@@ -878,6 +884,9 @@ pub fn node(
                     I32(tag),
                 ]);
                 split_args.extend(pages);
+                if let Some(r) = rope {
+                    split_args.extend(r.iter().cloned());
+                }
                 // The grouped kernel takes the same parameters, a block per kv head.
                 let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
                     // The online kernel's shared memory: per-warp outputs, max and sum
@@ -907,6 +916,11 @@ pub fn node(
                     None if paged => ("attention_split_paged", rows, 0),
                     None => ("attention_split", rows, 0),
                 };
+                let name = match rope {
+                    Some(_) => rope_attention_kernel(graph, i)
+                        .ok_or_else(|| Error::Backend(format!("{name}: no variant takes the queries' rope")))?,
+                    None => name,
+                };
                 gpu.launch_grid(name, (blocks as u32, splits as u32), 128, smem as u32, &split_args)?;
                 if merge {
                     return Ok(());
@@ -919,6 +933,11 @@ pub fn node(
                     I32(fcode(node.dtype)?),
                 ];
                 return gpu.launch("attention_combine", rows as u32, 128, 0, &combine);
+            }
+            if rope.is_some() {
+                return Err(Error::Backend(
+                    "rope folded into an attention that no split kernel runs".into(),
+                ));
             }
             if let Some(name) = flash_prefill_kernel(graph, i) {
                 let grid = (a.t.div_ceil(64) as u32, (a.b * a.hq) as u32);
@@ -1099,12 +1118,14 @@ fn copy(gpu: &Gpu, src: u64, dst: u64, size: usize, v: View8, n: usize) -> Resul
 }
 
 /// Launches the fused kernel anchored at node `i`; `at(j)` is the device pointer of node `j`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fused(
     gpu: &Gpu,
     graph: &Graph,
     i: usize,
     f: &super::fuse::Fused,
     at: &dyn Fn(usize) -> u64,
+    scratch: u64,
     error: u64,
     tag: i32,
 ) -> Result<()> {
@@ -1304,7 +1325,33 @@ pub(crate) fn fused(
         }
         Fused::HeadsLastAttention { attn } => {
             let inputs = |k: usize| at(input(*attn, k));
-            self::node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true)
+            self::node(gpu, graph, *attn, &inputs, at(i), 0, error, tag, true, None)
+        }
+        Fused::RopeAttention { q, k, v } => {
+            let Op::Rope {
+                dims,
+                interleaved,
+                scale,
+            } = graph.nodes[*q].op
+            else {
+                unreachable!("RopeAttention holds the queries' rope")
+            };
+            let rope_k = input(*k, 1);
+            // rope's positions and frequencies (rope_inputs' third to seventh), then the write
+            // position of the keys' cache write.
+            let lead = rope_inputs(graph, *q, &|j| at(input(*q, j)))?;
+            let wpos = graph.node(graph.nodes[*k].inputs[2]);
+            let mut rope = vec![Ptr(at(input(rope_k, 0))), Ptr(at(input(*v, 1)))];
+            rope.extend(lead[2..].iter().cloned());
+            rope.extend([I64(dims as i64), I32(i32::from(interleaved)), F32(scale)]);
+            rope.extend([
+                Ptr(at(input(*k, 2))),
+                I32(icode(wpos.dtype)?),
+                I32(wpos.shape.iter().product::<usize>() as i32),
+            ]);
+            // The attention's q is the queries before rope.
+            let inputs = |j: usize| if j == 0 { at(input(*q, 0)) } else { at(input(i, j)) };
+            self::node(gpu, graph, i, &inputs, at(i), scratch, error, tag, false, Some(&rope))
         }
         Fused::RopeQkvWrite { q, k, v, heads_last } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
@@ -1747,6 +1794,24 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     let group = a.hq / a.hkv.max(1);
     let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 128 | 256);
     (fits && a.hkv > 0 && a.hq % a.hkv == 0 && (1..=4).contains(&group)).then_some(a.d / 32)
+}
+
+/// The split kernel of decode attention node `i` that also rotates its queries and writes the
+/// new key and value into the caches ([`Fused::RopeAttention`]), where one runs it: a split
+/// decode over dense caches, by the per-head kernel or the grouped one (not the online variant).
+///
+/// [`Fused::RopeAttention`]: super::fuse::Fused::RopeAttention
+pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+    let a = attention_shape(graph, i)?;
+    if a.pages.is_some() || decode_attention_splits(graph, i).is_none() {
+        return None;
+    }
+    match gqa_decode_kernel(graph, i) {
+        Some(_) if online_attention() => None,
+        Some(4) => Some("attention_gqa_rope_4"),
+        Some(_) => Some("attention_gqa_rope_8"),
+        None => Some("attention_split_rope"),
+    }
 }
 
 /// Whether a decode attention's split kernel merges its partials itself (the last block of a

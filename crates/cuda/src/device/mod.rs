@@ -509,10 +509,22 @@ fn launch_all(
                 i,
                 f,
                 &|j| loc_ptr(gpu, g.plan.locs[j], g, states),
+                scratch,
                 error_ptr,
                 i as i32 + 1,
             )?,
-            None => launch::node(gpu, &g.graph, i, &ptr, out, scratch, error_ptr, i as i32 + 1, false)?,
+            None => launch::node(
+                gpu,
+                &g.graph,
+                i,
+                &ptr,
+                out,
+                scratch,
+                error_ptr,
+                i as i32 + 1,
+                false,
+                None,
+            )?,
         }
         if let Some((p, _)) = profile.as_mut() {
             p.after(gpu)?;

@@ -122,6 +122,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
         Some(Fused::HeadsLastAttention { attn }) => return format!("{} (heads last)", family(graph, *attn, None)),
         Some(Fused::RopeQkvWrite { .. }) => return format!("fused rope q, rope+kv_write k, kv_write v {}", node.dtype),
+        Some(Fused::RopeAttention { .. }) => return format!("{} (rope and kv_write in)", family(graph, i, None)),
         Some(Fused::Products { before, norm }) => {
             let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
             return format!("fused {pre}{} products ({})", before.len() + 1, family(graph, i, None));
