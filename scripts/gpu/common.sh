@@ -13,6 +13,19 @@ gpu_checks() {
   grep -E "test result|panicked|FAIL" /tmp/parity.txt | head
 }
 
+# The same checks with failures in full: each panic's first lines too, and parity_cuda
+# PARITY_RUNS times (default 1).
+checks_in_full() {
+  local r
+  MLXCEL_REQUIRE_CUDA=1 timeout 170 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
+  grep -E "test result|FAILED" /tmp/tests.txt | head
+  grep -A20 "panicked" /tmp/tests.txt | head -60
+  for r in $(seq "${PARITY_RUNS:-1}"); do
+    MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+    grep -E "test result|panicked" -A3 /tmp/parity.txt | head
+  done
+}
+
 # bench NAME PRESET [VAR=VALUE ...]: decode (and prefill) tok/s of a preset under those variables.
 bench() {
   local name=$1 preset=$2; shift 2

@@ -7,11 +7,7 @@ source "$(dirname "$0")/common.sh"
 unpack_ptx
 {
 t0=$SECONDS
-MLXCEL_REQUIRE_CUDA=1 timeout 170 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
-grep -E "test result|FAILED" /tmp/tests.txt | head
-grep -A20 "panicked" /tmp/tests.txt | head -60
-MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
-grep -E "test result|panicked" /tmp/parity.txt | head
+checks_in_full
 echo "== rope fold [t=$((SECONDS - t0))]"
 for p in smollm2-135m-4bit llama-3.2-1b-4bit qwen2.5-0.5b-bf16 llama-3.1-8b-4bit qwen3-30b-a3b-4bit; do
   bench "fold-$p" $p

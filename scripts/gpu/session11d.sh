@@ -6,13 +6,7 @@ source "$(dirname "$0")/common.sh"
 unpack_ptx
 {
 t0=$SECONDS
-MLXCEL_REQUIRE_CUDA=1 timeout 170 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
-grep -E "test result|FAILED" /tmp/tests.txt | head
-grep -A20 "panicked" /tmp/tests.txt | head -40
-for r in 1 2; do
-  MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity $r rc=$?"
-  grep -E "test result|panicked" -A3 /tmp/parity.txt | head
-done
+PARITY_RUNS=2 checks_in_full
 echo "== serve's step [t=$((SECONDS - t0))]"
 batch 64
 batch 64 MLXCEL_ATT_MERGE=0

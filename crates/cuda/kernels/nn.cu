@@ -31,6 +31,20 @@ extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, con
   }
 }
 
+// Channel j < dims of the head at base of x (dtype dt) at position p, rotated: its pair (j and
+// j + dims / 2, or 2i and 2i + 1 interleaved) turned by p · scale · freq[i]. Unrounded.
+template <class I>
+__device__ __forceinline__ float rope_pair(const void* x, int dt, I base, I j, float p, const void* freq, int fdt,
+                                           I dims, int interleaved, float scale) {
+  const I half = dims / 2;
+  const I i = interleaved ? j / 2 : (j < half ? j : j - half);
+  const I ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+  float sn, cs;
+  sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
+  const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
+  return j == ia ? a * cs - c * sn : a * sn + c * cs;
+}
+
 // The value rope() stores at element idx of x [B, H, T, D] (see rope). heads_last: x is held
 // as [B, T, H, D] (the projection's layout, its transpose left to this read). I: the index
 // type (unsigned where every index of the launch fits, as 64-bit divisions cost tens of
@@ -43,14 +57,8 @@ __device__ __forceinline__ float rope_value(const void* x, int dt, const void* p
   const I ti = row % t, bh = row / t, bi = bh / h;
   const I base = heads_last ? ((bi * t + ti) * h + bh % h) * d : row * d;
   if (j >= dims) return ldf(x, dt, base + j);
-  const I half = dims / 2;
-  const I i = interleaved ? j / 2 : (j < half ? j : j - half);
-  const I ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
   const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
-  float sn, cs;
-  sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
-  const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
-  return j == ia ? a * cs - c * sn : a * sn + c * cs;
+  return rope_pair<I>(x, dt, base, j, p, freq, fdt, dims, interleaved, scale);
 }
 
 // x [B, H, T, D]; one thread per (row, pair). Channels past `dims` are copied.
@@ -140,13 +148,7 @@ struct RopeIn {
   // computes it and rounded to dt as rope stores it; channels past dims as they are.
   __device__ __forceinline__ float rotated(const void* x, int dt, i64 base, i64 j, float p) const {
     if (j >= dims) return ldf(x, dt, base + j);
-    const i64 half = dims / 2;
-    const i64 i = interleaved ? j / 2 : (j < half ? j : j - half);
-    const i64 ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-    float sn, cs;
-    sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
-    const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
-    return round_to(j == ia ? a * cs - c * sn : a * sn + c * cs, dt);
+    return round_to(rope_pair<i64>(x, dt, base, j, p, freq, fdt, dims, interleaved, scale), dt);
   }
   // Batch row bi's new key (rotated) and value of kv head kvh into the caches kc and vc
   // [B, Hkv, S, ·] (dtype dt) at its write position, by this block if its split (of `chunk`

@@ -862,7 +862,8 @@ pub fn node(
                 // The split kernel merges its partials itself (its last block a row group), or
                 // leaves them to attention_combine (`MLXCEL_ATT_MERGE=0`): the tickets follow the
                 // partials in the node's scratch (partials_scratch).
-                let merge = split_merge(gqa_decode_kernel(graph, i).is_some());
+                let gqa = gqa_decode_kernel(graph, i);
+                let merge = split_merge(gqa.is_some());
                 let tickets = scratch + (rows * splits * (a.dv + 2) * 4) as u64;
                 let mut split_args = operands.to_vec();
                 split_args.extend([
@@ -888,7 +889,7 @@ pub fn node(
                     split_args.extend(r.iter().cloned());
                 }
                 // The grouped kernel takes the same parameters, a block per kv head.
-                let (name, blocks, smem) = match gqa_decode_kernel(graph, i) {
+                let (name, blocks, smem) = match gqa {
                     // The online kernel's shared memory: per-warp outputs, max and sum
                     // [4][GM][D + 2] (nn.cu, GM = 4 heads a group).
                     Some(lane) if online_attention() => (
