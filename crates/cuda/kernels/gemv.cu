@@ -1212,25 +1212,29 @@ template <class X> __device__ __forceinline__ unsigned pair_of(float v) {
   X::st(h, 0, v);
   return (unsigned)h[0] * 0x10001u;
 }
+//
+// The rows may be gathered: local row r of x is row xrow[r] of x and goes to row yrow[r] of y
+// (null: r itself), and the weight's rows start at row w0 (an expert's slice of stacked
+// weights; grouped_rows in grouped.cu). Chunks c0 .. c1 - 1 of k are this block's; with partials
+// they go to split `split` of part. Tiles of x wholly past `rows` are skipped.
 template <class X, int NT, bool AHEAD>
 __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const void* s, const void* z, int sdt,
                                          void* y, int ydt, float* part, i64 rows, i64 n, i64 k, int group,
-                                         i64 per_split) {
+                                         i64 c0, i64 c1, i64 split, const int* xrow, const int* yrow, i64 w0) {
   typedef TensorCore<X> TC;
   typedef Pair<X> P;
   __shared__ uint4 xs[2][8 * NT * QR_STRIDE];  // two chunks of x, each [row][word j][run t]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const i64 wrow = k / 8, groups = k / group, chunks = k / 128;
+  const i64 wrow = k / 8, groups = k / group;
   const int glog = group == 32 ? 5 : group == 64 ? 6 : 7;  // groups are 32, 64 or 128 values
-  const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < chunks ? c0 + per_split : chunks;
   i64 base[2], ra[2], rb[2];
   bool live[2];
 #pragma unroll
   for (int m = 0; m < 2; m++) {
     base[m] = (i64)blockIdx.x * QR_ROWS + warp * 32 + m * 16;
     live[m] = base[m] < n;  // n is a multiple of 16: a tile is all in or all out
-    ra[m] = live[m] ? base[m] + g : 0;
-    rb[m] = live[m] ? base[m] + g + 8 : 0;
+    ra[m] = w0 + (live[m] ? base[m] + g : 0);
+    rb[m] = w0 + (live[m] ? base[m] + g + 8 : 0);
   }
   uint4 q[2][2];          // [tile][row g, g + 8]: run t of the chunk
   unsigned sb[2][2][2];   // [tile][row][scale, bias] bits
@@ -1253,7 +1257,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
 #pragma unroll
     for (int e = 0; e < NT; e++) {
       const int i = threadIdx.x + 128 * e, r = i >> 4, u = i & 15;  // row, word u = 4 · run + j
-      xr[e] = r < rows ? ((const uint4*)x)[r * wrow + c * 16 + u] : make_uint4(0, 0, 0, 0);
+      xr[e] = r < rows ? ((const uint4*)x)[(xrow ? xrow[r] : r) * wrow + c * 16 + u] : make_uint4(0, 0, 0, 0);
     }
   };
   auto xstore = [&](uint4* buf) {
@@ -1318,6 +1322,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
       }
 #pragma unroll
       for (int i = 0; i < NT; i++) {
+        if (i * 8 >= rows) break;  // the same in every lane
         const uint4 b = xb[(i * 8 + g) * QR_STRIDE + j * 4 + t];
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -1340,8 +1345,9 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
       for (int e = 0; e < 4; e++) {
         const i64 xr = i * 8 + 2 * t + (e & 1), wr = base[m] + g + 8 * (e >> 1);
         if (xr >= rows) continue;
-        if (part) part[(blockIdx.y * rows + xr) * n + wr] = acc[m][i][e];
-        else stf(y, ydt, xr * n + wr, acc[m][i][e]);
+        const i64 yr = yrow ? yrow[xr] : xr;
+        if (part) part[(split * rows + yr) * n + wr] = acc[m][i][e];
+        else stf(y, ydt, yr * n + wr, acc[m][i][e]);
       }
     }
   }
@@ -1352,12 +1358,14 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
   extern "C" __global__ void __launch_bounds__(128) qmm_rows_##XN##_##NT(                                            \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
       i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
-    qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                               \
+    const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < k / 128 ? c0 + per_split : k / 128;                  \
+    qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, c0, c1, blockIdx.y, nullptr, nullptr, 0);  \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(128) qmm_rows_##XN##_##NT##_s(                                        \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
       i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
-    qmm_rows<X, NT, false>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, per_split);                              \
+    const i64 c0 = blockIdx.y * per_split, c1 = c0 + per_split < k / 128 ? c0 + per_split : k / 128;                  \
+    qmm_rows<X, NT, false>(x, w, s, z, sdt, y, ydt, part, rows, n, k, group, c0, c1, blockIdx.y, nullptr, nullptr, 0); \
   }
 QMM_ROWS(f16, F16, 1)
 QMM_ROWS(f16, F16, 2)

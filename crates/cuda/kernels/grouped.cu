@@ -139,3 +139,41 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
   }
 GROUPED_QMM(f16, F16)
 GROUPED_QMM(bf16, BF16)
+
+// The same product with qmm_rows's blocks (gemv.cu): y [pairs, n] = x_p · W_eᵀ, 4-bit weights,
+// n a multiple of 16, k of 128, groups of 32, 64 or 128. Block (128 weight rows, expert e) of
+// 4 warps takes e's pairs 8·NT at a time: their rows of x (through order) are the B operand,
+// the weight rows, read straight from global memory and expanded in registers, the A operand;
+// tiles of 8 pairs past the expert's last are skipped. Against grouped_qmm it keeps a chunk of
+// weights in flight in registers and expands each weight once for all of a tile's pairs.
+template <class X, int NT>
+__device__ __forceinline__ void grouped_rows(const void* x, i64 x_rows, const unsigned* w, const void* s,
+                                             const void* z, int sdt, const int* order, const int* offsets, void* y,
+                                             int ydt, i64 top, i64 n, i64 k, int group) {
+  __shared__ int xi[8 * NT], yi[8 * NT];  // the tile's rows of x and of y
+  const i64 e = blockIdx.y;
+  const int begin = offsets[e], end = offsets[e + 1];
+  for (int m0 = begin; m0 < end; m0 += 8 * NT) {
+    const int rows = end - m0 < 8 * NT ? end - m0 : 8 * NT;
+    __syncthreads();  // the last tile's readers of xi and yi are done
+    if (threadIdx.x < rows) {
+      const i64 p = order[m0 + threadIdx.x];
+      xi[threadIdx.x] = (int)((p / top) * x_rows + (x_rows == 1 ? 0 : p % top));
+      yi[threadIdx.x] = (int)p;
+    }
+    __syncthreads();
+    qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, nullptr, rows, n, k, group, 0, k / 128, 0, xi, yi, e * n);
+  }
+}
+// grouped_rows_{x}_{NT}: 8 tiles (64 pairs a pass, 241 registers: two blocks an SM) or 4 (32
+// pairs a pass, three blocks an SM).
+#define GROUPED_ROWS(XN, X, NT)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(128) grouped_rows_##XN##_##NT(                                          \
+      const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
+      const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                                        \
+    grouped_rows<X, NT>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group);                            \
+  }
+GROUPED_ROWS(f16, F16, 8)
+GROUPED_ROWS(bf16, BF16, 8)
+GROUPED_ROWS(f16, F16, 4)
+GROUPED_ROWS(bf16, BF16, 4)

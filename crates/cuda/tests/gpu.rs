@@ -54,6 +54,10 @@ const REGISTER_LIMITS: &[(&str, u32, &str)] = &[
     ("tc_qglu_bf16_4", 128, "four 128-thread blocks an SM"),
     ("grouped_qmm_f16", 168, "three 128-thread blocks an SM"),
     ("grouped_qmm_bf16", 168, "three 128-thread blocks an SM"),
+    ("grouped_rows_f16_8", 255, "two 128-thread blocks an SM"),
+    ("grouped_rows_bf16_8", 255, "two 128-thread blocks an SM"),
+    ("grouped_rows_f16_4", 168, "three 128-thread blocks an SM"),
+    ("grouped_rows_bf16_4", 168, "three 128-thread blocks an SM"),
 ];
 
 /// ptxas's register and spill counts for every kernel of the PTX: none may spill, and those of

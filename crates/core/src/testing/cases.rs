@@ -774,16 +774,25 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
     }
     // Prefill-shaped routed products (on CUDA: grouped by expert): 70 tokens, two slots; expert
     // 0 in every token's first slot (more pairs than one tile of 64), the second slot over
-    // experts 1-3, expert 4 never chosen; 80 rows an expert (a partial tile).
+    // experts 1-3, expert 4 never chosen. n a multiple of 16 and k of 128 take CUDA's
+    // grouped_rows (80 rows: a block's rows partly past n; k 384: three chunks), the others
+    // grouped_qmm (80 rows: a partial tile of 64; k 192).
     for &dt in &[F16, BF16] {
-        for (group, x_rows) in [(64usize, 1usize), (32, 2)] {
-            let mut c = Case::new(format!("gather_qmm/{dt}/4bit/g{group}/prefill/x_rows{x_rows}/t70/top2"));
-            let x = c.input("x", dt, &[70, x_rows, 128], 1.0)?;
-            let [w, s, b] = c.quantized("experts", &[5, 80], 128, (4, group), dt)?;
+        for (group, x_rows, k, n) in [
+            (64usize, 1usize, 128usize, 80usize),
+            (32, 2, 128, 80),
+            (128, 1, 384, 48),
+            (64, 2, 192, 24),
+        ] {
+            let mut c = Case::new(format!(
+                "gather_qmm/{dt}/4bit/g{group}/prefill/x_rows{x_rows}/t70/top2/k{k}/n{n}"
+            ));
+            let x = c.input("x", dt, &[70, x_rows, k], 1.0)?;
+            let [w, s, b] = c.quantized("experts", &[5, n], k, (4, group), dt)?;
             let ids: Vec<f32> = (0..70).flat_map(|t| [0.0, (1 + t % 3) as f32]).collect();
             let ids = c.input_values("ids", U32, &[70, 2], &ids)?;
             let y = c.b.gather_qmm(x, w, s, b, ids, 4, group)?;
-            cases.push(c.finish(&[y], accumulation(128)));
+            cases.push(c.finish(&[y], accumulation(k)));
         }
     }
     {

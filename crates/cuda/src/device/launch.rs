@@ -693,7 +693,7 @@ pub fn node(
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
             }
-            if let (Some(name), true) = (grouped_qmm_kernel(graph, i), scratch != 0) {
+            if let (Some((name, tile)), true) = (grouped_qmm_kernel(graph, i), scratch != 0) {
                 // Prefill: the pairs grouped by expert (scratch: order, then offsets), then
                 // each expert's weight once for all its pairs.
                 let (order, offsets) = (scratch, scratch + 4 * pairs as u64);
@@ -729,7 +729,7 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
-                return gpu.launch_grid(name, (nn.div_ceil(64) as u32, experts as u32), 128, 0, &grouped);
+                return gpu.launch_grid(name, (nn.div_ceil(tile) as u32, experts as u32), 128, 0, &grouped);
             }
             gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
         }
@@ -1839,11 +1839,17 @@ fn online_attention() -> bool {
     switch(&ON, "MLXCEL_ATT_ONLINE", false)
 }
 
-/// The routed product grouped by expert (grouped.cu) for node `i`, where it applies: more pairs
-/// than the decode kernels take, 4-bit weights, f16/bf16 x, k a multiple of 64, at most 1024
-/// experts (`MLXCEL_MOE_GROUPED=0`: gather_qmm, a weight read a pair, for comparison).
-fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
+/// The routed product grouped by expert (grouped.cu) for node `i`, where it applies, and the
+/// weight rows a block takes: more pairs than the decode kernels take, 4-bit weights, f16/bf16
+/// x, k a multiple of 64, at most 1024 experts. `grouped_rows` (qmm_rows's blocks) where n is a
+/// multiple of 16, k of 128, groups of 32, 64 or 128 and scales and biases share a dtype, else
+/// `grouped_qmm`. `MLXCEL_MOE_GROUPED=0`: gather_qmm, a weight read a pair; `MLXCEL_MOE_ROWS=0`:
+/// always grouped_qmm; `MLXCEL_MOE_ROWS=4`: grouped_rows taking 32 pairs a pass, not 64 (all
+/// for comparison).
+fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<(&'static str, usize)> {
+    use mlxcel_core::DType::{BF16, F16};
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static ROWS: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if !switch(&ON, "MLXCEL_MOE_GROUPED", true) {
         return None;
     }
@@ -1856,11 +1862,21 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let k = *x.shape.last()?;
     let fits = pairs > GATHER_GEMV_PAIRS && pairs < i32::MAX as usize && w.shape[0] <= 1024;
     let shape_fits = k.is_multiple_of(64) && group_size.is_multiple_of(8) && k.is_multiple_of(group_size);
-    match x.dtype {
-        mlxcel_core::DType::F16 if fits && shape_fits => Some("grouped_qmm_f16"),
-        mlxcel_core::DType::BF16 if fits && shape_fits => Some("grouped_qmm_bf16"),
-        _ => None,
+    if !(fits && shape_fits && matches!(x.dtype, F16 | BF16)) {
+        return None;
     }
+    let n = *w.shape.get(1)?;
+    let rows = n.is_multiple_of(16)
+        && k.is_multiple_of(128)
+        && matches!(group_size, 32 | 64 | 128)
+        && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype;
+    let mode = ROWS.get_or_init(|| std::env::var("MLXCEL_MOE_ROWS").ok());
+    let dt = if x.dtype == F16 { "f16" } else { "bf16" };
+    Some(match (rows, mode.as_deref()) {
+        (false, _) | (true, Some("0")) => (intern(format!("grouped_qmm_{dt}")), 64),
+        (true, Some("4")) => (intern(format!("grouped_rows_{dt}_4")), QR_ROWS),
+        (true, _) => (intern(format!("grouped_rows_{dt}_8")), QR_ROWS),
+    })
 }
 
 /// Launches qmm_rows for node `i` as planned in `q`, and with several splits the sum of their
@@ -2200,5 +2216,45 @@ mod qmm_rows_tests {
         let g = product(64, 4096, 4096);
         let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
         assert_eq!(shared_scratch_bytes(&g, i, true), 8 * 64 * 4096 * 4);
+    }
+
+    /// A routed product of `tokens` tokens, two slots each, over 8 experts of n x k 4-bit
+    /// group-`group` weights (zeros), and the grouped kernel it takes with its rows a block.
+    fn grouped(tokens: usize, n: usize, k: usize, group: usize) -> Option<(&'static str, usize)> {
+        let (e, top) = (8, 2);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::BF16, &[tokens, 1, k]);
+        let ids = b.input("ids", DType::U32, &[tokens, top]);
+        let w = b.parameter(
+            "w",
+            HostTensor::from_slice(&[e, n, k / 8], &vec![0u32; e * n * k / 8]).unwrap(),
+        );
+        let scales = &vec![1.0; e * n * k / group];
+        let s = b.parameter(
+            "s",
+            HostTensor::from_f32(DType::BF16, &[e, n, k / group], scales).unwrap(),
+        );
+        let y = b.gather_qmm(x, w, s, s, ids, 4, group).unwrap();
+        let g = b.finish(&[y]);
+        let i = g.nodes.iter().position(|n| n.op.name() == "gather_qmm").unwrap();
+        grouped_qmm_kernel(&g, i)
+    }
+
+    #[test]
+    fn prefill_routed_products_take_the_grouped_kernel_their_shape_allows() {
+        assert_eq!(grouped(16, 768, 2048, 64), None, "32 pairs are the decode kernels'");
+        assert_eq!(grouped(512, 768, 2048, 64), Some(("grouped_rows_bf16_8", QR_ROWS)));
+        assert_eq!(grouped(512, 2048, 768, 32), Some(("grouped_rows_bf16_8", QR_ROWS)));
+        assert_eq!(
+            grouped(512, 24, 2048, 64),
+            Some(("grouped_qmm_bf16", 64)),
+            "n not whole 16-row tiles"
+        );
+        assert_eq!(
+            grouped(512, 768, 192, 64),
+            Some(("grouped_qmm_bf16", 64)),
+            "k not whole 128-value chunks"
+        );
+        assert_eq!(grouped(512, 768, 96, 32), None, "k not whole 64-value chunks");
     }
 }
