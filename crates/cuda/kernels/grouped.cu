@@ -1,16 +1,19 @@
 // Routed-expert products at prefill, grouped by expert: moe_sort lists the (token, slot) pairs
-// of each expert, then grouped_qmm multiplies each expert's pairs by its weight on the tensor
-// cores, so an expert's weight is read once for all the tokens routed to it (gather_qmm reads
-// it once a pair). No host sync: the grid covers every expert, and an expert no pair chose
-// returns at once.
+// of each expert and cuts each expert's list into tiles, then grouped_rows (or grouped_qmm)
+// multiplies each tile's pairs by its expert's 4-bit weight on the tensor cores, so an expert's
+// weight is read once a tile rather than once a pair (gather_qmm). No host sync: the grid covers
+// the most tiles there can be, and a block past the last tile returns at once. A block a tile,
+// not an expert, keeps the grid full however the tokens are routed: when most of them choose
+// the same few experts, those experts' tiles spread over many blocks.
 
 // order [pairs]: the pairs grouped by expert (ascending expert; within one, in no fixed order:
 // each pair's output depends only on its own row); offsets [experts + 1]: where each expert's
-// pairs start. One block of 1024 threads; experts at most 1024. An id out of range sets the
-// error flag and its pair is left out.
+// pairs start; tiles: their count, then (expert, first pair) of each run of at most `tile` of an
+// expert's pairs, in order. One block of 1024 threads; experts at most 1024. An id out of range
+// sets the error flag and its pair is left out.
 extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64 experts, int* order, int* offsets,
-                                    int* error, int tag) {
-  __shared__ int count[1024], cursor[1024];
+                                    int* tiles, int tile, int* error, int tag) {
+  __shared__ int count[1024], cursor[1024], first[1024];
   for (i64 e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
   for (i64 p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -20,14 +23,22 @@ extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int run = 0;
+    int run = 0, runs = 0;
     for (i64 e = 0; e < experts; e++) {
       cursor[e] = offsets[e] = run;
+      first[e] = runs;
       run += count[e];
+      runs += (count[e] + tile - 1) / tile;
     }
     offsets[experts] = run;
+    tiles[0] = runs;
   }
   __syncthreads();
+  for (i64 e = threadIdx.x; e < experts; e += blockDim.x)
+    for (int m = 0, j = first[e]; m < count[e]; m += tile, j++) {
+      tiles[1 + 2 * j] = (int)e;
+      tiles[2 + 2 * j] = offsets[e] + m;
+    }
   for (i64 p = threadIdx.x; p < pairs; p += blockDim.x) {
     const i64 e = ld_index(ids, id_kind, p);
     if (e >= 0 && e < experts) order[atomicAdd(&cursor[e], 1)] = (int)p;
@@ -35,23 +46,24 @@ extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64
 }
 
 // y [pairs, n] = x_p · W_eᵀ for 4-bit stacked expert weights (gather_qmm's operands; x f16 or
-// bf16, k a multiple of 64, groups multiples of 8). Block (64-row tile of the weight, expert e)
-// of 128 threads: for each 64 of e's pairs, k in chunks of 64: the pairs' rows of x and the
-// weight tile dequantized to x's dtype (as the cuBLAS path expands it) in shared memory, then
-// warp w takes pairs 16w .. 16w + 15 against all 64 rows with mma.m16n8k16, f32 accumulation.
+// bf16, k a multiple of 64, groups multiples of 8). Block (64-row tile of the weight, tile of
+// 64 pairs of expert e) of 128 threads, k in chunks of 64: the pairs' rows of x and the weight
+// tile dequantized to x's dtype (as the cuBLAS path expands it) in shared memory, then warp w
+// takes pairs 16w .. 16w + 15 against all 64 rows with mma.m16n8k16, f32 accumulation.
 // Each thread moves words c = tid % 8 of rows tid / 8 + 16j (j < 4) of both tiles, and requests
 // the next chunk's before the tensor cores run on this one.
 #define GQ_T 64
 template <class X>
 __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z,
-                                            int sdt, const int* order, const int* offsets, void* y, int ydt, i64 top,
-                                            i64 n, i64 k, int group) {
+                                            int sdt, const int* order, const int* offsets, const int* tiles,
+                                            void* y, int ydt, i64 top, i64 n, i64 k, int group) {
   typedef TensorCore<X> TC;
   union Word { uint4 u; typename X::T h[8]; };
   __shared__ __align__(16) unsigned short xs[GQ_T][GQ_T + 8];  // 16 bytes of padding a row: no
   __shared__ __align__(16) unsigned short ws[GQ_T][GQ_T + 8];  // bank conflicts on fragments
-  const i64 e = blockIdx.y, n0 = (i64)blockIdx.x * GQ_T;
-  const int begin = offsets[e], end = offsets[e + 1];
+  if ((int)blockIdx.y >= tiles[0]) return;
+  const i64 e = tiles[1 + 2 * blockIdx.y], n0 = (i64)blockIdx.x * GQ_T;
+  const int m0 = tiles[2 + 2 * blockIdx.y], end = offsets[e + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const i64 wrow = k / 8, groups = k / group;
@@ -59,7 +71,7 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
   i64 wr[4];
 #pragma unroll
   for (int j = 0; j < 4; j++) wr[j] = n0 + r0 + 16 * j < n ? e * n + n0 + r0 + 16 * j : -1;
-  for (int m0 = begin; m0 < end; m0 += GQ_T) {
+  {
     const unsigned short* xp[4];  // this thread's rows of x at word c, or null past the pairs
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -134,44 +146,42 @@ __device__ __forceinline__ void grouped_qmm(const void* x, i64 x_rows, const uns
 #define GROUPED_QMM(XN, X)                                                                                             \
   extern "C" __global__ void __launch_bounds__(128) grouped_qmm_##XN(                                                  \
       const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
-      const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                                        \
-    grouped_qmm<X>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group);                                 \
+      const int* offsets, const int* tiles, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                      \
+    grouped_qmm<X>(x, x_rows, w, s, z, sdt, order, offsets, tiles, y, ydt, top, n, k, group);                          \
   }
 GROUPED_QMM(f16, F16)
 GROUPED_QMM(bf16, BF16)
 
 // The same product with qmm_rows's blocks (gemv.cu): y [pairs, n] = x_p · W_eᵀ, 4-bit weights,
-// n a multiple of 16, k of 128, groups of 32, 64 or 128. Block (128 weight rows, expert e) of
-// 4 warps takes e's pairs 8·NT at a time: their rows of x (through order) are the B operand,
-// the weight rows, read straight from global memory and expanded in registers, the A operand;
-// tiles of 8 pairs past the expert's last are skipped. Against grouped_qmm it keeps a chunk of
-// weights in flight in registers and expands each weight once for all of a tile's pairs.
+// n a multiple of 16, k of 128, groups of 32, 64 or 128. Block (128 weight rows, tile of 8·NT
+// pairs of expert e) of 4 warps: the pairs' rows of x (through order) are the B operand, the
+// weight rows, read straight from global memory and expanded in registers, the A operand; runs
+// of 8 pairs past the tile's last are skipped. Against grouped_qmm it keeps a chunk of weights
+// in flight in registers and expands each weight once for all of a tile's pairs.
 template <class X, int NT>
 __device__ __forceinline__ void grouped_rows(const void* x, i64 x_rows, const unsigned* w, const void* s,
-                                             const void* z, int sdt, const int* order, const int* offsets, void* y,
-                                             int ydt, i64 top, i64 n, i64 k, int group) {
+                                             const void* z, int sdt, const int* order, const int* offsets,
+                                             const int* tiles, void* y, int ydt, i64 top, i64 n, i64 k, int group) {
   __shared__ int xi[8 * NT], yi[8 * NT];  // the tile's rows of x and of y
-  const i64 e = blockIdx.y;
-  const int begin = offsets[e], end = offsets[e + 1];
-  for (int m0 = begin; m0 < end; m0 += 8 * NT) {
-    const int rows = end - m0 < 8 * NT ? end - m0 : 8 * NT;
-    __syncthreads();  // the last tile's readers of xi and yi are done
-    if (threadIdx.x < rows) {
-      const i64 p = order[m0 + threadIdx.x];
-      xi[threadIdx.x] = (int)((p / top) * x_rows + (x_rows == 1 ? 0 : p % top));
-      yi[threadIdx.x] = (int)p;
-    }
-    __syncthreads();
-    qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, nullptr, rows, n, k, group, 0, k / 128, 0, xi, yi, e * n);
+  if ((int)blockIdx.y >= tiles[0]) return;
+  const i64 e = tiles[1 + 2 * blockIdx.y];
+  const int m0 = tiles[2 + 2 * blockIdx.y], end = offsets[e + 1];
+  const int rows = end - m0 < 8 * NT ? end - m0 : 8 * NT;
+  if (threadIdx.x < rows) {
+    const i64 p = order[m0 + threadIdx.x];
+    xi[threadIdx.x] = (int)((p / top) * x_rows + (x_rows == 1 ? 0 : p % top));
+    yi[threadIdx.x] = (int)p;
   }
+  __syncthreads();
+  qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, nullptr, rows, n, k, group, 0, k / 128, 0, xi, yi, e * n);
 }
-// grouped_rows_{x}_{NT}: 8 tiles (64 pairs a pass, 241 registers: two blocks an SM) or 4 (32
-// pairs a pass, three blocks an SM).
+// grouped_rows_{x}_{NT}: tiles of 64 pairs (8 runs of 8: 241 registers, two blocks an SM) or
+// of 32 (three blocks an SM).
 #define GROUPED_ROWS(XN, X, NT)                                                                                        \
   extern "C" __global__ void __launch_bounds__(128) grouped_rows_##XN##_##NT(                                          \
       const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
-      const int* offsets, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                                        \
-    grouped_rows<X, NT>(x, x_rows, w, s, z, sdt, order, offsets, y, ydt, top, n, k, group);                            \
+      const int* offsets, const int* tiles, void* y, int ydt, i64 top, i64 n, i64 k, int group) {                      \
+    grouped_rows<X, NT>(x, x_rows, w, s, z, sdt, order, offsets, tiles, y, ydt, top, n, k, group);                     \
   }
 GROUPED_ROWS(f16, F16, 8)
 GROUPED_ROWS(bf16, BF16, 8)

@@ -693,10 +693,12 @@ pub fn node(
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
             }
-            if let (Some((name, tile)), true) = (grouped_qmm_kernel(graph, i), scratch != 0) {
-                // Prefill: the pairs grouped by expert (scratch: order, then offsets), then
-                // each expert's weight once for all its pairs.
-                let (order, offsets) = (scratch, scratch + 4 * pairs as u64);
+            if let (Some(g), true) = (grouped_qmm_kernel(graph, i), scratch != 0) {
+                // Prefill: the pairs grouped by expert and cut into tiles (scratch: order,
+                // offsets, then the tiles), then a block a tile and 64 or 128 weight rows.
+                let order = scratch;
+                let offsets = order + 4 * pairs as u64;
+                let tiles = offsets + 4 * (experts as u64 + 1);
                 gpu.launch(
                     "moe_sort",
                     1,
@@ -709,6 +711,8 @@ pub fn node(
                         I64(experts as i64),
                         Ptr(order),
                         Ptr(offsets),
+                        Ptr(tiles),
+                        I32(g.pairs as i32),
                         Ptr(error),
                         I32(tag),
                     ],
@@ -722,6 +726,7 @@ pub fn node(
                     I32(fcode(input(2).dtype)?),
                     Ptr(order),
                     Ptr(offsets),
+                    Ptr(tiles),
                     Ptr(out),
                     I32(fcode(node.dtype)?),
                     I64(top as i64),
@@ -729,7 +734,8 @@ pub fn node(
                     I64(k as i64),
                     I32(*group_size as i32),
                 ];
-                return gpu.launch_grid(name, (nn.div_ceil(tile) as u32, experts as u32), 128, 0, &grouped);
+                let grid = (nn.div_ceil(g.rows) as u32, g.max_tiles(pairs, experts) as u32);
+                return gpu.launch_grid(g.name, grid, 128, 0, &grouped);
             }
             gpu.launch("gather_qmm", blocks(pairs * nn * 32), THREADS, 0, &args)
         }
@@ -1846,7 +1852,7 @@ fn online_attention() -> bool {
 /// `grouped_qmm`. `MLXCEL_MOE_GROUPED=0`: gather_qmm, a weight read a pair; `MLXCEL_MOE_ROWS=0`:
 /// always grouped_qmm; `MLXCEL_MOE_ROWS=4`: grouped_rows taking 32 pairs a pass, not 64 (all
 /// for comparison).
-fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<(&'static str, usize)> {
+fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<Grouped> {
     use mlxcel_core::DType::{BF16, F16};
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     static ROWS: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -1872,11 +1878,33 @@ fn grouped_qmm_kernel(graph: &Graph, i: usize) -> Option<(&'static str, usize)> 
         && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype;
     let mode = ROWS.get_or_init(|| std::env::var("MLXCEL_MOE_ROWS").ok());
     let dt = if x.dtype == F16 { "f16" } else { "bf16" };
-    Some(match (rows, mode.as_deref()) {
-        (false, _) | (true, Some("0")) => (intern(format!("grouped_qmm_{dt}")), 64),
-        (true, Some("4")) => (intern(format!("grouped_rows_{dt}_4")), QR_ROWS),
-        (true, _) => (intern(format!("grouped_rows_{dt}_8")), QR_ROWS),
+    let (name, rows, pairs) = match (rows, mode.as_deref()) {
+        (false, _) | (true, Some("0")) => (format!("grouped_qmm_{dt}"), 64, 64),
+        (true, Some("4")) => (format!("grouped_rows_{dt}_4"), QR_ROWS, 32),
+        (true, _) => (format!("grouped_rows_{dt}_8"), QR_ROWS, 64),
+    };
+    Some(Grouped {
+        name: intern(name),
+        rows,
+        pairs,
     })
+}
+
+/// A grouped routed product's kernel and its blocks: `rows` weight rows by a tile of at most
+/// `pairs` of one expert's (token, slot) pairs.
+#[derive(Debug, PartialEq)]
+struct Grouped {
+    name: &'static str,
+    rows: usize,
+    pairs: usize,
+}
+
+impl Grouped {
+    /// The most tiles `pairs` pairs over `experts` experts can make: each expert's last tile may
+    /// be partial.
+    fn max_tiles(&self, pairs: usize, experts: usize) -> usize {
+        pairs.div_ceil(self.pairs) + experts.min(pairs)
+    }
 }
 
 /// Launches qmm_rows for node `i` as planned in `q`, and with several splits the sum of their
@@ -2088,10 +2116,12 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
     if let Some((rows, parts)) = argmax_parts(graph, i) {
         return Some(rows * parts * 8);
     }
-    if grouped_qmm_kernel(graph, i).is_some() {
+    if let Some(g) = grouped_qmm_kernel(graph, i) {
+        // The pairs' order, the experts' offsets, and the tiles' count and (expert, first pair).
         let node = &graph.nodes[i];
         let pairs: usize = graph.node(node.inputs[4]).shape.iter().product();
-        return Some((pairs + graph.node(node.inputs[1]).shape[0] + 1) * 4);
+        let experts = graph.node(node.inputs[1]).shape[0];
+        return Some((pairs + experts + 1 + 1 + 2 * g.max_tiles(pairs, experts)) * 4);
     }
     let splits = decode_attention_splits(graph, i)?;
     let a = attention_shape(graph, i)?;
@@ -2237,7 +2267,7 @@ mod qmm_rows_tests {
         let y = b.gather_qmm(x, w, s, s, ids, 4, group).unwrap();
         let g = b.finish(&[y]);
         let i = g.nodes.iter().position(|n| n.op.name() == "gather_qmm").unwrap();
-        grouped_qmm_kernel(&g, i)
+        grouped_qmm_kernel(&g, i).map(|g| (g.name, g.rows))
     }
 
     #[test]
@@ -2256,5 +2286,14 @@ mod qmm_rows_tests {
             "k not whole 128-value chunks"
         );
         assert_eq!(grouped(512, 768, 96, 32), None, "k not whole 64-value chunks");
+        let g = Grouped {
+            name: "",
+            rows: QR_ROWS,
+            pairs: 64,
+        };
+        // 4096 pairs: 64 full tiles, and a partial one each for up to 128 experts.
+        assert_eq!(g.max_tiles(4096, 128), 192);
+        // 100 pairs over 128 experts: at most 100 experts chosen, each a partial tile.
+        assert_eq!(g.max_tiles(100, 128), 2 + 100);
     }
 }
