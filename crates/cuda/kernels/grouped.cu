@@ -175,8 +175,8 @@ __device__ __forceinline__ void grouped_rows(const void* x, i64 x_rows, const un
   __syncthreads();
   qmm_rows<X, NT, true>(x, w, s, z, sdt, y, ydt, nullptr, rows, n, k, group, 0, k / 128, 0, xi, yi, e * n);
 }
-// grouped_rows_{x}_{NT}: tiles of 64 pairs (8 runs of 8: 241 registers, two blocks an SM) or
-// of 32 (three blocks an SM).
+// grouped_rows_{x}_{NT}: tiles of 64 pairs (8 runs of 8: two blocks an SM), of 32 (three; the
+// default: routing that crowds onto few experts still makes many tiles) or of 16.
 #define GROUPED_ROWS(XN, X, NT)                                                                                        \
   extern "C" __global__ void __launch_bounds__(128) grouped_rows_##XN##_##NT(                                          \
       const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const int* order,           \
@@ -187,3 +187,5 @@ GROUPED_ROWS(f16, F16, 8)
 GROUPED_ROWS(bf16, BF16, 8)
 GROUPED_ROWS(f16, F16, 4)
 GROUPED_ROWS(bf16, BF16, 4)
+GROUPED_ROWS(f16, F16, 2)
+GROUPED_ROWS(bf16, BF16, 2)
