@@ -170,3 +170,46 @@ extern "C" __global__ void weighted_sum_rows(const void* y, const void* w, int d
     stf(out, dt, o, a[0]);
   }
 }
+
+// The same for f16/bf16 with k <= 8 and d a multiple of 8 (qwen3-moe's top 8 at prefill): a
+// thread 8 adjacent outputs, each expert's 8 values one 16-byte load, added in the butterfly's
+// order over 8 (its steps past 8 add zeros), so the result equals weighted_sum_rows's. The
+// thread an output of weighted_sum_rows, 32 predicated slots each, took 73 us for 512 x 8 x 2048
+// on the H100.
+extern "C" __global__ void weighted_sum_rows8(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d,
+                                              void* out) {
+  const i64 per = d / 8;
+  for (i64 o = gid(); o < rows * per; o += gstride()) {
+    const i64 r = o / per, c = (o - r * per) * 8;
+    float a[8][8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      float wj = 0.0f;
+      if (j < k) {
+        v = *(const uint4*)((const unsigned short*)y + (r * k + j) * d + c);
+        wj = ldf(w, dt, r * k + j);
+      }
+      const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const float x = bits_float((u[e / 2] >> (16 * (e & 1))) & 0xffffu, dt);
+        a[j][e] = j < k ? round_to(x * wj, dt) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int step = 4; step > 0; step >>= 1)
+#pragma unroll
+      for (int i = 0; i < step; i++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[i][e] += a[i + step][e];
+    union { uint4 v; unsigned short h[8]; } res;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      if (dt == 1) F16::st(res.h, e, a[0][e]);
+      else BF16::st(res.h, e, a[0][e]);
+    }
+    *(uint4*)((unsigned short*)out + r * d + c) = res.v;
+  }
+}
+

@@ -521,10 +521,17 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
         });
     }
-    // MoE's combine: 8 experts' outputs times their weights, summed (one launch), for decode
-    // and for a prefill chunk (a thread an output).
-    for (act, rows) in [(DType::F16, 2), (DType::BF16, 2), (DType::F16, 70), (DType::BF16, 70)] {
-        let (k, d) = (8, 96);
+    // MoE's combine: k experts' outputs times their weights, summed (one launch), for decode
+    // and for a prefill chunk (a thread an output, or 8 of them for k <= 8 and d a multiple of 8).
+    for (act, rows, k, d) in [
+        (DType::F16, 2, 8, 96),
+        (DType::BF16, 2, 8, 96),
+        (DType::F16, 70, 8, 96),
+        (DType::BF16, 70, 8, 96),
+        (DType::BF16, 70, 3, 40),
+        (DType::F16, 70, 12, 40),
+        (DType::F16, 70, 4, 36),
+    ] {
         let mut b = GraphBuilder::default();
         let y = b.input("y", act, &[rows, 1, k, d]);
         let w = b.input("w", act, &[rows, 1, k]);
@@ -533,7 +540,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let s = b.sum(p, -2, false).unwrap();
         let graph = one_launch(&b.finish(&[s]), "the combine");
         cases.push(OpCase {
-            name: format!("fused moe combine {act} rows{rows}"),
+            name: format!("fused moe combine {act} rows{rows} k{k} d{d}"),
             graph,
             inputs: vec![
                 HostTensor::from_f32(act, &[rows, 1, k, d], &noise(51, rows * k * d)).unwrap(),

@@ -1305,8 +1305,15 @@ pub(crate) fn fused(
                 I64(d as i64),
                 Ptr(at(i)),
             ];
-            // Decode: a warp an output, 8 a block; prefill: a thread an output (reduce.cu).
+            // Decode: a warp an output, 8 a block; prefill: a thread an output, or 8 adjacent
+            // ones for 16-bit values, k <= 8 and d a multiple of 8 (reduce.cu).
             if rows > GATHER_GEMV_PAIRS {
+                let eight = k <= 8
+                    && d.is_multiple_of(8)
+                    && matches!(node.dtype, mlxcel_core::DType::F16 | mlxcel_core::DType::BF16);
+                if eight {
+                    return gpu.launch("weighted_sum_rows8", blocks(rows * d / 8), THREADS, 0, &args);
+                }
                 return gpu.launch("weighted_sum_rows", blocks(rows * d), THREADS, 0, &args);
             }
             gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)

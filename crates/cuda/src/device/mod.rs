@@ -323,6 +323,9 @@ pub fn check_node(graph: &Graph, node: &Node) -> Result<()> {
 
 type States = StateTable<CudaSlice<u8>>;
 
+/// Captures a graph may fail before it runs eagerly for good.
+const CAPTURE_TRIES: usize = 3;
+
 /// A captured and instantiated CUDA graph.
 struct Captured(CudaGraph);
 
@@ -336,6 +339,9 @@ struct Loaded {
     runs: usize,
     /// The captured kernel sequence, replayed by every later run.
     exec: Option<Captured>,
+    /// Captures that failed (another thread's implicit synchronization, a free say, invalidates
+    /// one); after `CAPTURE_TRIES` the graph stays eager.
+    capture_failures: usize,
     plan: Plan,
     /// Device pointer of each leaf (parameter or constant) of this graph.
     leaves: Vec<u64>,
@@ -632,6 +638,7 @@ impl Session for CudaSession {
             keep_named: options.keep_named,
             runs: 0,
             exec: None,
+            capture_failures: 0,
         }));
         Ok(GraphId(self.graphs.len() - 1))
     }
@@ -660,15 +667,28 @@ impl Session for CudaSession {
                 gpu.stream.memcpy_htod(bytes, &mut view).map_err(driver_err)?;
             }
         }
-        if g.exec.is_none() && self.capture && g.runs >= 1 {
+        if g.exec.is_none() && self.capture && g.runs >= 1 && g.capture_failures < CAPTURE_TRIES {
             // Capture the kernel sequence once; inputs stay plain copies into fixed buffers.
             gpu.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                 .map_err(driver_err)?;
             let launched = launch_all(&gpu, g, &self.states, error_ptr, None);
             let captured = gpu.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver_err);
-            launched?;
-            g.exec = captured?.map(Captured);
+            match (launched, captured) {
+                (Ok(()), Ok(exec)) => g.exec = exec.map(Captured),
+                // Nothing captured ran: this run goes eagerly (where a launch error of its own
+                // shows again) and the next one captures anew.
+                (launched, captured) => {
+                    g.capture_failures += 1;
+                    if g.capture_failures == CAPTURE_TRIES {
+                        let why = launched.err().or(captured.err()).map(|e| e.to_string());
+                        eprintln!(
+                            "mlxcel: capturing a CUDA graph failed {CAPTURE_TRIES} times ({}); this graph runs eagerly",
+                            why.unwrap_or_default()
+                        );
+                    }
+                }
+            }
         }
         match &g.exec {
             Some(exec) => exec.0.launch().map_err(driver_err)?,

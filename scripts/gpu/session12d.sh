@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU, 2026-12-06 (12), fourth call: the final build. Checks in full with parity_cuda three
+# times (captures that fail now fall back to an eager run); the MoE combine at prefill with 8
+# outputs a thread (weighted_sum_rows8), seen in qwen3-30b-a3b's prefill kernels (Nsight
+# Compute); then the representative sweep and the SmolLM2-shaped preset. Stage as for
+# session12.sh.
+source "$(dirname "$0")/common.sh"
+unpack_ptx
+{
+t0=$SECONDS
+PARITY_RUNS=3 checks_in_full
+echo "== prefill kernels [t=$((SECONDS - t0))]"
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+p=qwen3-30b-a3b-4bit
+timeout 200 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+  --log-file /tmp/ncu-prefill-$p.csv .gpu/bin/mlxcel bench --preset $p --device cuda -p 512 -g 1 -r 1 \
+  > /tmp/prefill-$p.txt 2>> /tmp/ncu.err
+echo "== prefill kernels $p rc=$?"
+python3 scripts/gpu/run_kernels.py /tmp/ncu-prefill-$p.csv --runs 2 > $OUT/prefill-$p.md 2>&1
+head -16 $OUT/prefill-$p.md
+echo "== sweep [t=$((SECONDS - t0))]"
+sweep
+cp /tmp/sweep.md $OUT/sweep.md
+bench smollm2 smollm2-135m-4bit
+echo "[t=$((SECONDS - t0))]"
+tail -3 /tmp/ncu.err; tail -5 /tmp/bench.err
+} > $OUT/report.txt 2>&1
+cat $OUT/report.txt
