@@ -9,39 +9,55 @@
 // order [pairs]: the pairs grouped by expert (ascending expert; within one, in no fixed order:
 // each pair's output depends only on its own row); offsets [experts + 1]: where each expert's
 // pairs start; tiles: their count, then (expert, first pair) of each run of at most `tile` of an
-// expert's pairs, in order. One block of 1024 threads; experts at most 1024. An id out of range
-// sets the error flag and its pair is left out.
+// expert's pairs, in order. One block of 1024 threads, thread e the counts of expert e (at most
+// 1024), scanned across the block by warp shuffles. An id out of range sets the error flag and
+// its pair is left out.
 extern "C" __global__ void moe_sort(const void* ids, int id_kind, i64 pairs, i64 experts, int* order, int* offsets,
                                     int* tiles, int tile, int* error, int tag) {
-  __shared__ int count[1024], cursor[1024], first[1024];
-  for (i64 e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  __shared__ int count[1024], cursor[1024], warp_pairs[32], warp_tiles[32];
+  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+  count[e] = 0;
   __syncthreads();
   for (i64 p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const i64 e = ld_index(ids, id_kind, p);
-    if (e < 0 || e >= experts) atomicCAS(error, 0, tag);
-    else atomicAdd(&count[e], 1);
+    const i64 x = ld_index(ids, id_kind, p);
+    if (x < 0 || x >= experts) atomicCAS(error, 0, tag);
+    else atomicAdd(&count[x], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0, runs = 0;
-    for (i64 e = 0; e < experts; e++) {
-      cursor[e] = offsets[e] = run;
-      first[e] = runs;
-      run += count[e];
-      runs += (count[e] + tile - 1) / tile;
+  // Inclusive scans of the pairs and tiles of experts 0 .. e: within the warp, then across.
+  const int mine = e < experts ? count[e] : 0, mine_tiles = (mine + tile - 1) / tile;
+  int run = mine, runs = mine_tiles;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, run, o), b = __shfl_up_sync(0xffffffffu, runs, o);
+    if (lane >= o) run += a, runs += b;
+  }
+  if (lane == 31) warp_pairs[warp] = run, warp_tiles[warp] = runs;
+  __syncthreads();
+  if (warp == 0) {
+    int a = warp_pairs[lane], b = warp_tiles[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int c = __shfl_up_sync(0xffffffffu, a, o), d = __shfl_up_sync(0xffffffffu, b, o);
+      if (lane >= o) a += c, b += d;
     }
-    offsets[experts] = run;
-    tiles[0] = runs;
+    warp_pairs[lane] = a, warp_tiles[lane] = b;
   }
   __syncthreads();
-  for (i64 e = threadIdx.x; e < experts; e += blockDim.x)
-    for (int m = 0, j = first[e]; m < count[e]; m += tile, j++) {
-      tiles[1 + 2 * j] = (int)e;
-      tiles[2 + 2 * j] = offsets[e] + m;
+  if (warp > 0) run += warp_pairs[warp - 1], runs += warp_tiles[warp - 1];
+  if (e < experts) {
+    const int start = run - mine;
+    cursor[e] = offsets[e] = start;
+    for (int m = 0, j = runs - mine_tiles; m < mine; m += tile, j++) {
+      tiles[1 + 2 * j] = e;
+      tiles[2 + 2 * j] = start + m;
     }
+    if (e == experts - 1) offsets[experts] = run, tiles[0] = runs;
+  }
+  __syncthreads();
   for (i64 p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const i64 e = ld_index(ids, id_kind, p);
-    if (e >= 0 && e < experts) order[atomicAdd(&cursor[e], 1)] = (int)p;
+    const i64 x = ld_index(ids, id_kind, p);
+    if (x >= 0 && x < experts) order[atomicAdd(&cursor[x], 1)] = (int)p;
   }
 }
 
