@@ -31,18 +31,25 @@ extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, con
   }
 }
 
-// Channel j < dims of the head at base of x (dtype dt) at position p, rotated: its pair (j and
-// j + dims / 2, or 2i and 2i + 1 interleaved) turned by p · scale · freq[i]. Unrounded.
-template <class I>
-__device__ __forceinline__ float rope_pair(const void* x, int dt, I base, I j, float p, const void* freq, int fdt,
-                                           I dims, int interleaved, float scale) {
+// Channel j < dims of a head at position p, rotated: its pair (j and j + dims / 2, or 2i and
+// 2i + 1 interleaved), the head's channels as load(c) gives them, turned by p · scale · freq[i].
+// Unrounded.
+template <class I, class Load>
+__device__ __forceinline__ float rope_turned(Load load, I j, float p, const void* freq, int fdt, I dims,
+                                             int interleaved, float scale) {
   const I half = dims / 2;
   const I i = interleaved ? j / 2 : (j < half ? j : j - half);
   const I ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
   float sn, cs;
   sincosf(p * scale * ldf(freq, fdt, i), &sn, &cs);
-  const float a = ldf(x, dt, base + ia), c = ldf(x, dt, base + ib);
+  const float a = load(ia), c = load(ib);
   return j == ia ? a * cs - c * sn : a * sn + c * cs;
+}
+// The same for the head at base of x (dtype dt).
+template <class I>
+__device__ __forceinline__ float rope_pair(const void* x, int dt, I base, I j, float p, const void* freq, int fdt,
+                                           I dims, int interleaved, float scale) {
+  return rope_turned<I>([&](I c) { return ldf(x, dt, base + c); }, j, p, freq, fdt, dims, interleaved, scale);
 }
 
 // The value rope() stores at element idx of x [B, H, T, D] (see rope). heads_last: x is held
@@ -907,4 +914,65 @@ extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, co
   else
     rope_qkv<i64>(q, q_out, hq, k, kcache, v, vcache, dv, dt, pos, pos_kind, pos_batched, freq, fdt, dims, interleaved,
                   scale, wpos, wpos_kind, wpos_len, b, h, s, t, d, error, tag, heads_last);
+}
+
+// rope_qkv_write with each query and key head's RMSNorm first (Qwen3's and Gemma 3's q_norm and
+// k_norm over D): q and k arrive before their norms as [B, T, H, D] (at one position that is
+// also [B, H, T, D]); v as rope_qkv_write reads it (heads_last). A warp a head row: its sum of
+// squares in f32, each channel x · inv · w (w + 1 with unit_offset) rounded to dt as rms_norm
+// stores it, kept in shared memory for the rotation (rope's values, rope's rounding), then
+// written to q_out [B, Hq, T, D] or the key cache; a warp a row of v copies it into its cache.
+// Blocks of 256 threads (8 warps), D at most 256.
+#define QKN_WARPS 8
+extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
+    const void* q, void* q_out, i64 hq, const void* k, void* kcache, const void* v, void* vcache, i64 dv, int dt,
+    const void* pos, int pos_kind, int pos_batched, const void* freq, int fdt, i64 dims, int interleaved, float scale,
+    const void* wpos, int wpos_kind, int wpos_len, i64 b, i64 h, i64 s, i64 t, i64 d, int* error, int tag,
+    int heads_last, const void* qw, const void* kw, int wdt, float qeps, float keps, int unit_offset) {
+  __shared__ float normed[QKN_WARPS][256];
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  float* row = normed[wi];
+  const i64 qrows = b * t * hq, krows = b * t * h, rows = qrows + 2 * krows;
+  for (i64 r = (i64)blockIdx.x * QKN_WARPS + wi; r < rows; r += (i64)gridDim.x * QKN_WARPS) {
+    const bool is_q = r < qrows, is_v = r >= qrows + krows;
+    const i64 rr = is_q ? r : is_v ? r - qrows - krows : r - qrows, heads = is_q ? hq : h;
+    const i64 hi = rr % heads, bt = rr / heads, ti = bt % t, bi = bt / t;  // rr is (bi, ti, hi)
+    i64 at = 0;
+    if (!is_q) {
+      const i64 p = ld_index(wpos, wpos_kind, wpos_len == 1 ? 0 : bi);
+      if (p < 0 || p + t > s) {  // the same for every lane
+        if (lane == 0) atomicCAS(error, 0, tag);
+        continue;
+      }
+      at = (bi * h + hi) * s + p + ti;  // the row of the cache
+    }
+    if (is_v) {
+      const i64 src = heads_last ? rr * dv : ((bi * h + hi) * t + ti) * dv;
+      for (i64 j = lane; j < dv; j += 32) {
+        if (dt == 0) ((unsigned*)vcache)[at * dv + j] = ((const unsigned*)v)[src + j];
+        else ((unsigned short*)vcache)[at * dv + j] = ((const unsigned short*)v)[src + j];
+      }
+      continue;
+    }
+    const void* x = is_q ? q : k;
+    float ss = 0.0f;
+    for (i64 j = lane; j < d; j += 32) {
+      const float e = ldf(x, dt, rr * d + j);
+      row[j] = e;
+      ss += e * e;
+    }
+    const float inv = rsqrtf(warp_sum(ss) / (float)d + (is_q ? qeps : keps));
+    const void* w = is_q ? qw : kw;
+    for (i64 j = lane; j < d; j += 32)
+      row[j] = round_to(row[j] * inv * (ldf(w, wdt, j) + (unit_offset ? 1.0f : 0.0f)), dt);
+    __syncwarp();
+    const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
+    const i64 out = is_q ? ((bi * hq + hi) * t + ti) * d : at * d;
+    for (i64 j = lane; j < d; j += 32) {
+      const float o = j < dims ? rope_turned<i64>([&](i64 c) { return row[c]; }, j, p, freq, fdt, dims, interleaved, scale)
+                               : row[j];
+      stf(is_q ? q_out : kcache, dt, out + j, o);
+    }
+    __syncwarp();  // the row's readers are done before the next row is written
+  }
 }

@@ -289,6 +289,99 @@ fn rope_decode_step(
     (graph, inputs, states)
 }
 
+/// Qwen3's attention inputs at T positions: q, k and v as the products leave them ([B, T, H, D]),
+/// each query and key head RMS-normalized (`normed`; Gemma's 1 + w with `unit_offset`), moved to
+/// [B, H, T, D], rotated (partial rotary where dims < d), written into the caches at position
+/// `at`, attention over them. CUDA folds the norms into the rope-and-write launch. Returns the
+/// graph, its inputs (q, k, v, rope positions, write position) and initial caches.
+#[allow(clippy::type_complexity)]
+fn qk_norm_step(
+    dt: mlxcel_core::DType,
+    (hq, hkv, d, dims): (usize, usize, usize, usize),
+    t: usize,
+    normed: Option<bool>,
+    at: usize,
+) -> (
+    mlxcel_core::Graph,
+    Vec<mlxcel_core::HostTensor>,
+    Vec<(String, mlxcel_core::HostTensor)>,
+) {
+    use mlxcel_core::{DType, GraphBuilder, HostTensor};
+    let cap = at + t + 3;
+    let mut g = GraphBuilder::default();
+    let kc = g.state("k_cache", dt, &[1, hkv, cap, d]);
+    let vc = g.state("v_cache", dt, &[1, hkv, cap, d]);
+    let q = g.input("q", dt, &[1, t, hq, d]);
+    let k = g.input("k", dt, &[1, t, hkv, d]);
+    let v = g.input("v", dt, &[1, t, hkv, d]);
+    let positions = g.input("positions", DType::I32, &[t]);
+    let pos = g.input("pos", DType::I32, &[]);
+    let head = |g: &mut GraphBuilder, x, seed| {
+        let x = match normed {
+            Some(unit_offset) => {
+                let w = g.parameter("w", HostTensor::from_f32(dt, &[d], &noise(seed, d)).unwrap());
+                g.rms_norm(x, w, 1e-6, unit_offset).unwrap()
+            }
+            None => x,
+        };
+        g.swap_axes(x, 1, 2).unwrap()
+    };
+    let (q, k, v) = (head(&mut g, q, 71), head(&mut g, k, 72), g.swap_axes(v, 1, 2).unwrap());
+    let freqs: Vec<f32> = (0..dims / 2)
+        .map(|i| 10_000f32.powf(-2.0 * i as f32 / dims as f32))
+        .collect();
+    let freqs = g.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &freqs).unwrap());
+    let q = g.rope(q, positions, freqs, dims, false, 1.0).unwrap();
+    let k = g.rope(k, positions, freqs, dims, false, 1.0).unwrap();
+    let kw = g.kv_write(kc, k, pos).unwrap();
+    let vw = g.kv_write(vc, v, pos).unwrap();
+    let len = g.add_scalar(pos, t as f32).unwrap();
+    let o = g
+        .attention(q, kw, vw, len, 1.0 / (d as f32).sqrt(), true, None, None)
+        .unwrap();
+    let graph = passed(&g.finish(&[o, kw, vw]));
+    let positions: Vec<f32> = (at..at + t).map(|p| p as f32).collect();
+    let inputs = vec![
+        HostTensor::from_f32(dt, &[1, t, hq, d], &noise(73, t * hq * d)).unwrap(),
+        HostTensor::from_f32(dt, &[1, t, hkv, d], &noise(74, t * hkv * d)).unwrap(),
+        HostTensor::from_f32(dt, &[1, t, hkv, d], &noise(75, t * hkv * d)).unwrap(),
+        HostTensor::from_f32(DType::I32, &[t], &positions).unwrap(),
+        HostTensor::from_f32(DType::I32, &[], &[at as f32]).unwrap(),
+    ];
+    let cache = |seed| HostTensor::from_f32(dt, &[1, hkv, cap, d], &noise(seed, hkv * cap * d)).unwrap();
+    let states = vec![("k_cache".to_string(), cache(76)), ("v_cache".to_string(), cache(77))];
+    (graph, inputs, states)
+}
+
+/// The shapes the per-head norm fold is checked in: decode (one position) and prefill (three),
+/// Qwen3's 128-wide heads, Gemma's 1 + w over 256-wide heads, partial rotary over 64-wide.
+#[allow(clippy::type_complexity)]
+const QK_NORM: [(mlxcel_core::DType, (usize, usize, usize, usize), usize, bool, usize); 5] = [
+    (mlxcel_core::DType::F16, (8, 2, 128, 128), 1, false, 30),
+    (mlxcel_core::DType::BF16, (8, 2, 128, 128), 1, false, 0),
+    (mlxcel_core::DType::F16, (8, 2, 128, 128), 3, false, 5),
+    (mlxcel_core::DType::BF16, (4, 1, 256, 256), 1, true, 12),
+    (mlxcel_core::DType::F16, (6, 2, 64, 32), 3, false, 9),
+];
+
+/// The per-head norms cost no launch of their own: each step launches as many kernels as the
+/// same step without norms, but at one position, where this process folds the plain step's
+/// rope and writes into the attention (`fold_rope_into_attention`) and a normed step keeps its
+/// rope-and-write launch (no GPU needed to count them).
+#[test]
+fn per_head_norms_fold_into_the_rope_and_cache_write() {
+    fold_rope_into_attention();
+    for (dt, shape, t, unit_offset, at) in QK_NORM {
+        let (normed, _, _) = qk_norm_step(dt, shape, t, Some(unit_offset), at);
+        let (plain, _, _) = qk_norm_step(dt, shape, t, None, at);
+        assert_eq!(
+            CudaBackend::launches_per_run(&normed).unwrap(),
+            CudaBackend::launches_per_run(&plain).unwrap() + usize::from(t == 1),
+            "{dt} {shape:?} t={t}"
+        );
+    }
+}
+
 /// The shapes the rope-folding attention kernels are checked in: the per-head kernel (64-wide
 /// heads, a split a position), the grouped ones (4 and 8 channels a lane), two batch rows at
 /// different positions with interleaved partial rotary, the last slot of the cache.
@@ -596,6 +689,21 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![
                 Tolerance::for_dtype(act).scaled(4.0),
                 Tolerance::for_dtype(act).scaled(8.0),
+            ],
+        });
+    }
+    // Per-head q and k norms inside the rope-and-write launch (the caches compared too).
+    for (dt, shape, t, unit_offset, at) in QK_NORM {
+        let (graph, inputs, states) = qk_norm_step(dt, shape, t, Some(unit_offset), at);
+        cases.push(OpCase {
+            name: format!("qk norms in rope and write {dt} {shape:?} t={t} unit_offset {unit_offset} at {at}"),
+            graph,
+            inputs,
+            states,
+            tolerance: vec![
+                Tolerance::for_dtype(dt).scaled(4.0),
+                Tolerance::for_dtype(dt),
+                Tolerance::for_dtype(dt),
             ],
         });
     }

@@ -57,6 +57,10 @@ pub enum Fused {
         k: usize,
         v: usize,
         heads_last: bool,
+        /// The queries' and the keys' per-head RMSNorms (Qwen3's and Gemma 3's q_norm and
+        /// k_norm), absorbed with the moves to [B, H, T, D] between them and the ropes: the
+        /// launch reads the norms' inputs and normalizes each head itself.
+        norms: Option<[usize; 2]>,
     },
     /// Anchor = a decode attention that reads a `RopeQkvWrite`'s three (q, k and v as there):
     /// its split kernel rotates the queries as it loads them and writes the new key and value
@@ -248,8 +252,19 @@ impl Fusion {
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
                 Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
-                Some(Fused::RopeQkvWrite { q, k, v, heads_last }) => {
-                    (rope_qkv_reads(graph, *q, *k, *v, *heads_last), &None)
+                Some(Fused::RopeQkvWrite {
+                    q,
+                    k,
+                    v,
+                    heads_last,
+                    norms,
+                }) => {
+                    let mut reads = rope_qkv_reads(graph, *q, *k, *v, *heads_last);
+                    // The norms' inputs and weights.
+                    for n in norms.iter().flatten() {
+                        reads.extend(graph.nodes[*n].inputs.iter().copied());
+                    }
+                    (reads, &None)
                 }
                 Some(Fused::RopeAttention { q, k, v }) => (rope_qkv_reads(graph, *q, *k, *v, false), &None),
             };
@@ -291,7 +306,12 @@ fn find_rope_attention(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) 
         }
         let (q, k, v) = (node.inputs[0].index(), node.inputs[1].index(), node.inputs[2].index());
         let anchor = q.max(k).max(v);
-        let Some(Fused::RopeQkvWrite { heads_last: false, .. }) = f.anchored[anchor] else {
+        let Some(Fused::RopeQkvWrite {
+            heads_last: false,
+            norms: None,
+            ..
+        }) = f.anchored[anchor]
+        else {
             continue;
         };
         let same = matches!(f.anchored[anchor], Some(Fused::RopeQkvWrite { q: fq, k: fk, v: fv, .. }) if (fq, fk, fv) == (q, k, v));
@@ -366,20 +386,73 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             for j in [q, k, v] {
                 f.absorbed[j] = j != anchor;
             }
+            let norms = qk_norms(graph, consumers, f, [q, rk]);
+            if let Some(norms) = norms {
+                for (n, rope) in norms.into_iter().zip([q, rk]) {
+                    f.absorbed[n] = true;
+                    f.absorbed[graph.nodes[rope].inputs[0].index()] = true;
+                }
+            }
             // A prefill's q, k and v arrive through [B, T, H, D] → [B, H, T, D] transposes that
             // nothing else reads: the launch reads their inputs instead.
             let swaps = [(q, 0), (rk, 0), (v, 1)].map(|(user, slot)| (graph.nodes[user].inputs[slot].index(), user));
+            // (The q and k transposes a norm fold absorbed above read a norm, which is enough.)
             let heads_last = swaps.iter().all(|&(t, user)| {
-                heads_swap(&graph.nodes[t].op) && consumers[t] == [user] && !f.absorbed[t] && f.anchored[t].is_none()
+                heads_swap(&graph.nodes[t].op)
+                    && consumers[t] == [user]
+                    && (!f.absorbed[t] || norms.is_some() && user != v)
+                    && f.anchored[t].is_none()
             });
             if heads_last {
                 for (t, _) in swaps {
                     f.absorbed[t] = true;
                 }
             }
-            f.anchored[anchor] = Some(Fused::RopeQkvWrite { q, k, v, heads_last });
+            f.anchored[anchor] = Some(Fused::RopeQkvWrite {
+                q,
+                k,
+                v,
+                heads_last,
+                norms,
+            });
         }
     }
+}
+
+/// The per-head RMSNorms the queries' and the keys' ropes (`ropes`) read through their moves to
+/// [B, H, T, D]: a transpose, or at one position the reshape it becomes; each norm and move read
+/// only by the next, the norm over D <= 256 (a warp's shared row) in the ropes' dtype, both
+/// norms alike in their offset. `MLXCEL_CUDA_FUSE_QK_NORM=0` keeps them apart.
+fn qk_norms(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, ropes: [usize; 2]) -> Option<[usize; 2]> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| !std::env::var("MLXCEL_CUDA_FUSE_QK_NORM").is_ok_and(|v| v == "0")) {
+        return None;
+    }
+    let norm = |rope: usize| -> Option<usize> {
+        let moved = graph.nodes[rope].inputs[0].index();
+        let m = &graph.nodes[moved];
+        let n = m.inputs.first()?.index();
+        let nn = &graph.nodes[n];
+        let x = graph.node(*nn.inputs.first()?);
+        // [B, T, H, D] → [B, H, T, D]: the transpose, or a reshape where T is 1.
+        let one_position = x.shape.len() == 4 && x.shape[1] == 1 && m.shape == [x.shape[0], x.shape[2], 1, x.shape[3]];
+        let moves = heads_swap(&m.op) || matches!(m.op, Op::Reshape) && one_position;
+        let fits = matches!(nn.op, Op::RmsNorm { .. })
+            && x.shape.len() == 4
+            && x.shape[3] <= 256
+            && x.dtype == nn.dtype
+            && nn.dtype == graph.nodes[rope].dtype;
+        let alone = consumers[moved] == [rope] && consumers[n] == [moved];
+        let free = [moved, n].iter().all(|&j| !f.absorbed[j] && f.anchored[j].is_none());
+        (moves && fits && alone && free).then_some(n)
+    };
+    let (nq, nk) = (norm(ropes[0])?, norm(ropes[1])?);
+    let offset = |n: usize| match graph.nodes[n].op {
+        Op::RmsNorm { unit_offset, .. } => Some(unit_offset),
+        _ => None,
+    };
+    let weight_dtype = |n: usize| graph.node(graph.nodes[n].inputs[1]).dtype;
+    (offset(nq) == offset(nk) && weight_dtype(nq) == weight_dtype(nk)).then_some([nq, nk])
 }
 
 /// Finds MoE routers: `softmax` over the last axis (at most 256 experts, top at most 32: what
@@ -943,7 +1016,7 @@ mod tests {
         let (graph, [rq, rk, wk, wv]) = rope_qkv(false);
         let f = Fusion::find(&graph);
         assert!(
-            matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { q, k, v, heads_last: false }) if (q, k, v) == (rq, wk, wv))
+            matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { q, k, v, heads_last: false, .. }) if (q, k, v) == (rq, wk, wv))
         );
         assert!(f.absorbed[rq] && f.absorbed[rk] && f.absorbed[wk] && !f.absorbed[wv]);
         assert!(f.anchored[wk].is_none());

@@ -1367,7 +1367,13 @@ pub(crate) fn fused(
             let inputs = |j: usize| if j == 0 { at(input(*q, 0)) } else { at(input(i, j)) };
             self::node(gpu, graph, i, &inputs, at(i), scratch, error, tag, false, Some(&rope))
         }
-        Fused::RopeQkvWrite { q, k, v, heads_last } => {
+        Fused::RopeQkvWrite {
+            q,
+            k,
+            v,
+            heads_last,
+            norms,
+        } => {
             let (rq, rk) = (&graph.nodes[*q], input(*k, 1));
             let Op::Rope {
                 dims,
@@ -1390,9 +1396,14 @@ pub(crate) fn fused(
                     x
                 })
             };
-            let lead = rope_inputs(graph, *q, &|j| if j == 0 { source(*q, 0) } else { at(input(*q, j)) })?;
+            // With the per-head norms folded in, q and k are the norms' inputs ([B, T, H, D]).
+            let (q_in, k_in) = match norms {
+                Some([nq, nk]) => (at(input(*nq, 0)), at(input(*nk, 0))),
+                None => (source(*q, 0), source(rk, 0)),
+            };
+            let lead = rope_inputs(graph, *q, &|j| if j == 0 { q_in } else { at(input(*q, j)) })?;
             let mut args = vec![lead[0].clone(), Ptr(at(*q)), I64(sq[1] as i64)];
-            args.extend([Ptr(source(rk, 0)), Ptr(at(*k))]);
+            args.extend([Ptr(k_in), Ptr(at(*k))]);
             args.extend([Ptr(source(*v, 1)), Ptr(at(*v)), I64(dv as i64)]);
             args.extend(lead[1..].iter().cloned());
             args.extend([I64(dims as i64), I32(i32::from(interleaved)), F32(scale)]);
@@ -1400,6 +1411,26 @@ pub(crate) fn fused(
             args.extend(place);
             args.push(I32(i32::from(*heads_last)));
             let keys: usize = sk.iter().product();
+            if let Some([nq, nk]) = norms {
+                let eps = |n: usize| match graph.nodes[n].op {
+                    Op::RmsNorm { eps, .. } => eps,
+                    _ => unreachable!("the folded norms are RMSNorms"),
+                };
+                let Op::RmsNorm { unit_offset, .. } = graph.nodes[*nq].op else {
+                    unreachable!("the folded norms are RMSNorms")
+                };
+                args.extend([
+                    Ptr(at(input(*nq, 1))),
+                    Ptr(at(input(*nk, 1))),
+                    I32(fcode(graph.node(graph.nodes[*nq].inputs[1]).dtype)?),
+                    F32(eps(*nq)),
+                    F32(eps(*nk)),
+                    I32(i32::from(unit_offset)),
+                ]);
+                // A warp a head row of q, k and v, 8 a block (nn.cu).
+                let rows = (sq.iter().product::<usize>() + 2 * keys) / sk[3].max(1);
+                return gpu.launch("rope_qkv_norm_write", rows.div_ceil(8) as u32, 256, 0, &args);
+            }
             let n = sq.iter().product::<usize>() + keys + keys / sk[3].max(1) * dv;
             gpu.launch("rope_qkv_write", blocks(n), THREADS, 0, &args)
         }

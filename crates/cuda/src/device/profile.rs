@@ -121,7 +121,13 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
         Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
         Some(Fused::HeadsLastAttention { attn }) => return format!("{} (heads last)", family(graph, *attn, None)),
-        Some(Fused::RopeQkvWrite { .. }) => return format!("fused rope q, rope+kv_write k, kv_write v {}", node.dtype),
+        Some(Fused::RopeQkvWrite { norms, .. }) => {
+            let normed = if norms.is_some() { "norm+" } else { "" };
+            return format!(
+                "fused {normed}rope q, {normed}rope+kv_write k, kv_write v {}",
+                node.dtype
+            );
+        }
         Some(Fused::RopeAttention { .. }) => return format!("{} (rope and kv_write in)", family(graph, i, None)),
         Some(Fused::Products { before, norm }) => {
             let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
