@@ -85,3 +85,72 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
         publish(&stats, &batcher);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlxcel_core::DType;
+    use mlxcel_engine::blocks::BlockPool;
+    use mlxcel_engine::paged::PagedEngine;
+    use mlxcel_engine::scheduler::Scheduler;
+    use mlxcel_engine::SamplerSettings;
+    use std::time::{Duration, Instant};
+
+    /// The engine side of a disconnect, without a socket in between: once a request's receiver
+    /// is gone, its blocks are back in the pool after at most the one step that was already
+    /// under way (the HTTP test in tests/serve.rs allows for the socket's delay on top).
+    #[test]
+    fn a_dropped_receiver_frees_its_blocks_within_one_step() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity/llama-bf16");
+        let model = mlxcel_models::load(&dir).unwrap();
+        let (blocks, block_size) = (64, 16);
+        let engine = PagedEngine::new(model, &mlxcel_cpu::CpuBackend, DType::F32, blocks, block_size, 256).unwrap();
+        let sched = Scheduler::new(BlockPool::new(blocks, block_size), 8, 64);
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = mpsc::channel();
+        let worker = {
+            let stats = stats.clone();
+            std::thread::spawn(move || run(Batcher::new(sched, engine), rx, stats))
+        };
+        // A drop that comes after the request would have ended anyway (a stalled test thread
+        // on a busy machine) shows nothing: such a try is run again.
+        let max_tokens = 200;
+        let conclusive = (1..=5).any(|id| {
+            let (events, mut tokens) = tokio::sync::mpsc::unbounded_channel();
+            let params = SeqParams {
+                max_tokens,
+                sampler: SamplerSettings::default(),
+                eos: vec![],
+                logprobs: None,
+            };
+            let started = stats.steps.load(Ordering::Relaxed);
+            tx.send(Submit {
+                id,
+                prompt: vec![1, 2, 3, 4, 5],
+                params,
+                events,
+            })
+            .unwrap();
+            for _ in 0..3 {
+                assert!(matches!(tokens.blocking_recv(), Some(Event::Token(..))));
+            }
+            drop(tokens);
+            // Read after the drop: a step under way then is at most one more.
+            let at_drop = stats.steps.load(Ordering::Relaxed);
+            let start = Instant::now();
+            while stats.free_blocks.load(Ordering::Relaxed) != blocks as u64 {
+                assert!(start.elapsed() < Duration::from_secs(20), "the blocks never came back");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let steps = stats.steps.load(Ordering::Relaxed) - at_drop;
+            if at_drop - started + 2 >= max_tokens as u64 {
+                return false;
+            }
+            assert!(steps <= 1, "blocks back {steps} steps after the drop");
+            true
+        });
+        assert!(conclusive, "every try's request ran to its end before the drop");
+        drop(tx);
+        worker.join().unwrap();
+    }
+}
