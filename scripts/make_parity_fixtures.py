@@ -186,6 +186,23 @@ CASES = [
             mlp_only_layers=[1],
         ),
     ),
+    dict(
+        # 8 experts, top-2, not renormalized, and in every layer a shared expert scaled by
+        # sigmoid(shared_expert_gate(x)); q/k/v biases as in Qwen2. mlx-lm's qwen2_moe
+        # quantizes its router and shared-expert gate at 4 bits like the rest.
+        name="qwen2_moe-q4g64",
+        arch="qwen2_moe",
+        seed=707,
+        vocab_size=352,
+        tie=False,
+        quant=dict(bits=4, group_size=64),
+        moe=dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=128,
+        ),
+    ),
     # Gemma: norms are stored as w and used as 1 + w (about 2 here). Tied
     # embeddings times sqrt(hidden) would make every token predict itself at
     # the usual 0.15 std, hence embed_std. mlx-lm's gemma2 has no sliding window
@@ -459,6 +476,22 @@ def hf_config(spec: dict, bos_id: int, eos_id) -> dict:
             attention_dropout=0.0,
             head_dim=spec["head_dim"],
             max_window_layers=spec["moe"]["num_hidden_layers"],
+            output_router_logits=False,
+            rms_norm_eps=1e-6,
+            rope_scaling=None,
+            router_aux_loss_coef=0.001,
+            sliding_window=None,
+            use_sliding_window=False,
+            **spec["moe"],
+        )
+    elif arch == "qwen2_moe":
+        base.update(
+            architectures=["Qwen2MoeForCausalLM"],
+            attention_dropout=0.0,
+            decoder_sparse_step=1,
+            max_window_layers=s["num_hidden_layers"],
+            mlp_only_layers=[],
+            norm_topk_prob=False,
             output_router_logits=False,
             rms_norm_eps=1e-6,
             rope_scaling=None,
@@ -1120,7 +1153,9 @@ def numpy_forward(case_dir: Path, tokens: list[int]):
 def numpy_sparse_moe(cfg: dict, h, weight):
     """Qwen3-MoE's sparse block from its definition: softmax router, the k most probable
     experts (ties to the higher index, as MLX's argpartition orders equal values by
-    index), optional renormalization, sum of the experts' SwiGLU MLPs by router weight."""
+    index; to the lower for qwen2_moe, which partitions the negated probabilities),
+    optional renormalization, sum of the experts' SwiGLU MLPs by router weight; qwen2_moe
+    adds its shared expert's SwiGLU scaled by sigmoid(shared_expert_gate(h))."""
     import numpy as np
 
     logits = h @ weight("gate").T  # (t, experts)
@@ -1129,8 +1164,14 @@ def numpy_sparse_moe(cfg: dict, h, weight):
     k = cfg["num_experts_per_tok"]
     gate, up, down = (weight(f"switch_mlp.{n}_proj") for n in ("gate", "up", "down"))
     out = np.zeros_like(h)
+    if cfg["model_type"] == "qwen2_moe":
+        g = h @ weight("shared_expert.gate_proj").T
+        u = h @ weight("shared_expert.up_proj").T
+        shared = (g / (1 + np.exp(-g)) * u) @ weight("shared_expert.down_proj").T
+        out += shared / (1 + np.exp(-(h @ weight("shared_expert_gate").T)))
+    lower_on_ties = -1 if cfg["model_type"] == "qwen2_moe" else 1
     for t in range(h.shape[0]):
-        order = sorted(range(probs.shape[1]), key=lambda e: (probs[t, e], e))[-k:]
+        order = sorted(range(probs.shape[1]), key=lambda e: (probs[t, e], lower_on_ties * e))[-k:]
         scores = probs[t, order]
         if cfg["norm_topk_prob"]:
             scores = scores / scores.sum()

@@ -21,6 +21,7 @@ const CASES: &[(&str, f64)] = &[
     ("qwen3-q4g64", 0.05),
     ("qwen3-q4g128-f32norms", 0.05),
     ("qwen3_moe-q4g64", 0.05),
+    ("qwen2_moe-q4g64", 0.05),
     ("gemma2-softcap-bf16", 0.02),
     ("gemma3-text-bf16", 0.02),
     ("gemma3-text-q4g64", 0.05),
