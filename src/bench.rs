@@ -392,13 +392,17 @@ fn graph_only(
     crate::trace::write_dot(&graph, global)?;
     let s = stats::stats(&graph);
     crate::trace::print_graph(&step, &s);
-    // On CUDA, the kernels the step launches after fusion (known without a GPU; a build
-    // without the cuda feature has no fusion to ask, so it reports none).
-    let launches = (device == "cuda")
-        .then(|| mlxcel_cuda::CudaBackend::launches_per_run(&graph).ok())
+    // On CUDA, the kernels the step launches after fusion, by family (known without a GPU; a
+    // build without the cuda feature has no fusion to ask, so it reports none).
+    let families = (device == "cuda")
+        .then(|| mlxcel_cuda::CudaBackend::launch_families(&graph).ok())
         .flatten();
-    if let Some(n) = launches {
+    let launches = families.as_ref().map(|f| f.iter().map(|(_, n)| n).sum::<usize>());
+    if let (Some(n), Some(families)) = (launches, &families) {
         eprintln!("mlxcel: decode step on cuda: {n} kernel launches after fusion");
+        for (family, count) in families {
+            eprintln!("  {count:>5}  {family}");
+        }
     }
     eprintln!(
         "{}",
@@ -408,6 +412,7 @@ fn graph_only(
         let obj = serde_json::json!({
             "model": what, "device": device, "astype_per_step": s.astype.len(), "nodes_per_step": s.nodes,
             "launches_per_step": launches,
+            "launches_by_family": families.as_ref().map(|f| f.iter().map(|(k, n)| serde_json::json!({"kernel": k, "launches": n})).collect::<Vec<_>>()),
             "dtype_policy": dtype.policy, "activation_dtype": dtype.activations.short(),
             "tensor_dtype": plan.tensors.map(|d| d.short()),
             "astype": s.astype_breakdown().iter().map(|g| g.to_string()).collect::<Vec<_>>(),

@@ -130,6 +130,13 @@ fn graph_only_on_cuda_counts_the_launches_after_fusion() {
     let nodes = fused["nodes_per_step"].as_u64().unwrap();
     let launches = fused["launches_per_step"].as_u64().expect("launches_per_step");
     assert!(launches > 0 && launches < nodes, "{fused}");
+    // The same launches by kernel family: they add up, and the step's one attention a layer
+    // and its fused products are named.
+    let families = fused["launches_by_family"].as_array().expect("launches_by_family");
+    let sum: u64 = families.iter().map(|f| f["launches"].as_u64().unwrap()).sum();
+    assert_eq!(sum, launches, "{fused}");
+    let named = |what: &str| families.iter().any(|f| f["kernel"].as_str().unwrap().starts_with(what));
+    assert!(named("attention") && named("fused"), "{fused}");
     // Without fusion every computing node launches on its own.
     let o = Command::new(env!("CARGO_BIN_EXE_mlxcel"))
         .args(args)

@@ -81,9 +81,15 @@ impl CudaBackend {
     /// Kernel launches one run of `graph` makes on CUDA (a node each, fused patterns once,
     /// aliases none), as `MLXCEL_CUDA_PROFILE` counts them; needs no GPU.
     pub fn launches_per_run(graph: &mlxcel_core::Graph) -> Result<usize> {
+        Ok(Self::launch_families(graph)?.iter().map(|(_, n)| n).sum())
+    }
+
+    /// The same launches by kernel family (`MLXCEL_CUDA_PROFILE`'s names), most first; needs
+    /// no GPU.
+    pub fn launch_families(graph: &mlxcel_core::Graph) -> Result<Vec<(String, usize)>> {
         #[cfg(feature = "cuda")]
         {
-            Ok(device::launches_per_run(graph))
+            Ok(device::launch_families(graph))
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -39,13 +39,24 @@ pub fn compile_ptx(arch: &'static str) -> Result<String> {
 /// Launches one run of `graph` makes (see `CudaBackend::launches_per_run`): what `run_nodes`
 /// launches, without a device.
 pub fn launches_per_run(graph: &Graph) -> usize {
+    launch_families(graph).iter().map(|(_, n)| n).sum()
+}
+
+/// The launches of one run of `graph` by kernel family (as `MLXCEL_CUDA_PROFILE` names them),
+/// most first, without a device.
+pub fn launch_families(graph: &Graph) -> Vec<(String, usize)> {
     let fusion = fuse::Fusion::find(graph);
-    graph
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, node)| launches(&node.op) && !fusion.absorbed[*i])
-        .count()
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if launches(&node.op) && !fusion.absorbed[i] {
+            *counts
+                .entry(profile::family(graph, i, fusion.anchored[i].as_ref()))
+                .or_default() += 1;
+        }
+    }
+    let mut families: Vec<(String, usize)> = counts.into_iter().collect();
+    families.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    families
 }
 
 /// Whether a node of `op` runs a kernel (leaves are resident, reshapes alias).
