@@ -38,6 +38,7 @@ pub fn compile_ptx(arch: &'static str) -> Result<String> {
 
 /// Launches one run of `graph` makes (see `CudaBackend::launches_per_run`): what `run_nodes`
 /// launches, without a device.
+#[cfg(test)]
 pub fn launches_per_run(graph: &Graph) -> usize {
     launch_families(graph).iter().map(|(_, n)| n).sum()
 }
