@@ -237,6 +237,34 @@ fn projection(
 /// The decode patterns the CUDA backend fuses (gated MLP over quantized and dense weights,
 /// residual add + RMSNorm) and the GEMV kernels, in several dtypes and row counts, against the
 /// CPU backend (which runs the plain ops).
+/// The tail both attention-step builders share: q and k (as [B, H, T, D]) rotated at `positions`
+/// (rope over the first `dims` of `d` channels), k and v written into the caches at `pos`, and
+/// attention over the caches up to `pos + t`; the graph's outputs are the attention and both
+/// written caches, after the default passes.
+fn rope_write_attend(
+    mut g: mlxcel_core::GraphBuilder,
+    [q, k, v]: [mlxcel_core::NodeId; 3],
+    [kc, vc]: [mlxcel_core::NodeId; 2],
+    [positions, pos]: [mlxcel_core::NodeId; 2],
+    (d, dims, interleaved): (usize, usize, bool),
+    t: usize,
+) -> mlxcel_core::Graph {
+    use mlxcel_core::{DType, HostTensor};
+    let freqs: Vec<f32> = (0..dims / 2)
+        .map(|i| 10_000f32.powf(-2.0 * i as f32 / dims as f32))
+        .collect();
+    let freqs = g.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &freqs).unwrap());
+    let q = g.rope(q, positions, freqs, dims, interleaved, 1.0).unwrap();
+    let k = g.rope(k, positions, freqs, dims, interleaved, 1.0).unwrap();
+    let kw = g.kv_write(kc, k, pos).unwrap();
+    let vw = g.kv_write(vc, v, pos).unwrap();
+    let len = g.add_scalar(pos, t as f32).unwrap();
+    let o = g
+        .attention(q, kw, vw, len, 1.0 / (d as f32).sqrt(), true, None, None)
+        .unwrap();
+    passed(&g.finish(&[o, kw, vw]))
+}
+
 /// One decode step's rope, cache writes and attention (the queries' and keys' rope, both
 /// caches written at the step's position, attention over them), batch rows at positions `at`:
 /// the pattern whose rope and writes CUDA folds into the attention's split kernel. Returns the
@@ -263,19 +291,7 @@ fn rope_decode_step(
     let v = g.input("v", dt, &[b, hkv, 1, d]);
     let positions = g.input("positions", DType::I32, &[b, 1]);
     let pos = g.input("pos", DType::I32, &[b]);
-    let freqs: Vec<f32> = (0..dims / 2)
-        .map(|i| 10_000f32.powf(-2.0 * i as f32 / dims as f32))
-        .collect();
-    let freqs = g.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &freqs).unwrap());
-    let q = g.rope(q, positions, freqs, dims, interleaved, 1.0).unwrap();
-    let k = g.rope(k, positions, freqs, dims, interleaved, 1.0).unwrap();
-    let kw = g.kv_write(kc, k, pos).unwrap();
-    let vw = g.kv_write(vc, v, pos).unwrap();
-    let len = g.add_scalar(pos, 1.0).unwrap();
-    let o = g
-        .attention(q, kw, vw, len, 1.0 / (d as f32).sqrt(), true, None, None)
-        .unwrap();
-    let graph = passed(&g.finish(&[o, kw, vw]));
+    let graph = rope_write_attend(g, [q, k, v], [kc, vc], [positions, pos], (d, dims, interleaved), 1);
     let at_f: Vec<f32> = at.iter().map(|&p| p as f32).collect();
     let inputs = vec![
         HostTensor::from_f32(dt, &[b, hq, 1, d], &noise(61, b * hq * d)).unwrap(),
@@ -327,19 +343,7 @@ fn qk_norm_step(
         g.swap_axes(x, 1, 2).unwrap()
     };
     let (q, k, v) = (head(&mut g, q, 71), head(&mut g, k, 72), g.swap_axes(v, 1, 2).unwrap());
-    let freqs: Vec<f32> = (0..dims / 2)
-        .map(|i| 10_000f32.powf(-2.0 * i as f32 / dims as f32))
-        .collect();
-    let freqs = g.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &freqs).unwrap());
-    let q = g.rope(q, positions, freqs, dims, false, 1.0).unwrap();
-    let k = g.rope(k, positions, freqs, dims, false, 1.0).unwrap();
-    let kw = g.kv_write(kc, k, pos).unwrap();
-    let vw = g.kv_write(vc, v, pos).unwrap();
-    let len = g.add_scalar(pos, t as f32).unwrap();
-    let o = g
-        .attention(q, kw, vw, len, 1.0 / (d as f32).sqrt(), true, None, None)
-        .unwrap();
-    let graph = passed(&g.finish(&[o, kw, vw]));
+    let graph = rope_write_attend(g, [q, k, v], [kc, vc], [positions, pos], (d, dims, false), t);
     let positions: Vec<f32> = (at..at + t).map(|p| p as f32).collect();
     let inputs = vec![
         HostTensor::from_f32(dt, &[1, t, hq, d], &noise(73, t * hq * d)).unwrap(),
