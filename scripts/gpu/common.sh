@@ -48,11 +48,30 @@ sweep() {
   cat /tmp/sweep.md; tail -2 /tmp/bench.err
 }
 
+# ncu_bin: Nsight Compute's command line tool, on PATH or where the CUDA images install it.
+ncu_bin() {
+  command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
+
+# prefill_kernels PRESET [LINES]: where a 512-token prefill's time goes, kernel by kernel (Nsight
+# Compute, duration only, no cache flush): `bench -p 512 -g 1 -r 1` is a warm-up and one measured
+# run, so run_kernels.py halves the sums. Into $OUT/prefill-PRESET.md, its first LINES (default
+# 30) printed; the log stays at /tmp/ncu-prefill-PRESET.csv.
+prefill_kernels() {
+  local p=$1
+  timeout 200 $(ncu_bin) --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+    --log-file /tmp/ncu-prefill-$p.csv .gpu/bin/mlxcel bench --preset $p --device cuda -p 512 -g 1 -r 1 \
+    > /tmp/prefill-$p.txt 2>> /tmp/ncu.err
+  echo "== prefill kernels $p rc=$?"
+  python3 scripts/gpu/run_kernels.py /tmp/ncu-prefill-$p.csv --runs 2 > $OUT/prefill-$p.md 2>&1
+  head -${2:-30} $OUT/prefill-$p.md
+}
+
 # ncu_gemv KERNEL...: Nsight Compute on each kernel's third launch in gpu-test gemv_throughput
 # (what bounds it), into $OUT/ncu-KERNEL.txt, with the key lines printed.
 ncu_gemv() {
   local ncu k
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  ncu=$(ncu_bin)
   for k in "$@"; do
     timeout 90 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -83,7 +102,7 @@ old() {
 # Compute (duration only, no cache flush), summed by step_kernels.py into $OUT/step-NAME.md.
 ncu_step() {
   local name=$1 preset=$2 ncu; shift 2
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  ncu=$(ncu_bin)
   env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
     --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
     .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err

@@ -20,7 +20,7 @@ echo "== profile [t=$((SECONDS - t0))]"
 MLXCEL_CUDA_PROFILE=1 timeout 90 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4bit --device cuda -p 512 -g 4 -r 2 > $OUT/profile-moe.txt 2>&1
 echo "== profile rc=$?"; grep -A16 "graph 0" $OUT/profile-moe.txt | head -40
 echo "== ncu [t=$((SECONDS - t0))]"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu=$(ncu_bin)
 timeout 150 $ncu -k regex:"^grouped_rows" --launch-skip 0 --launch-count 3 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
   --section WarpStateStats --section SchedulerStats \

@@ -17,7 +17,7 @@ for r in 1 2; do
   bench "qmm-$r" qwen3-30b-a3b-4bit MLXCEL_MOE_ROWS=0
 done
 echo "== ncu [t=$((SECONDS - t0))]"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu=$(ncu_bin)
 for skip in 0 90; do
   timeout 100 $ncu -k regex:"^grouped_rows" --launch-skip $skip --launch-count 3 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \

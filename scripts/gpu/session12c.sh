@@ -20,15 +20,8 @@ echo "== profile [t=$((SECONDS - t0))]"
 MLXCEL_CUDA_PROFILE=1 timeout 90 .gpu/bin/mlxcel bench --preset qwen3-30b-a3b-4bit --device cuda -p 512 -g 4 -r 2 > $OUT/profile-moe.txt 2>&1
 echo "== profile rc=$?"; grep -A16 "graph 0" $OUT/profile-moe.txt | head -20
 echo "== prefill kernels [t=$((SECONDS - t0))]"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-p=qwen3-30b-a3b-4bit
-timeout 200 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
-  --log-file /tmp/ncu-prefill-$p.csv .gpu/bin/mlxcel bench --preset $p --device cuda -p 512 -g 1 -r 1 \
-  > /tmp/prefill-$p.txt 2>> /tmp/ncu.err
-echo "== prefill kernels $p rc=$?"
-python3 scripts/gpu/run_kernels.py /tmp/ncu-prefill-$p.csv --runs 2 > $OUT/prefill-$p.md 2>&1
-head -30 $OUT/prefill-$p.md
-cp /tmp/ncu-prefill-$p.csv $OUT/ 2>/dev/null
+prefill_kernels qwen3-30b-a3b-4bit 30
+cp /tmp/ncu-prefill-qwen3-30b-a3b-4bit.csv $OUT/ 2>/dev/null
 echo "[t=$((SECONDS - t0))]"
 tail -3 /tmp/ncu.err; tail -5 /tmp/bench.err
 } > $OUT/report.txt 2>&1

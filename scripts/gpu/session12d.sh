@@ -10,14 +10,7 @@ unpack_ptx
 t0=$SECONDS
 PARITY_RUNS=3 checks_in_full
 echo "== prefill kernels [t=$((SECONDS - t0))]"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-p=qwen3-30b-a3b-4bit
-timeout 200 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
-  --log-file /tmp/ncu-prefill-$p.csv .gpu/bin/mlxcel bench --preset $p --device cuda -p 512 -g 1 -r 1 \
-  > /tmp/prefill-$p.txt 2>> /tmp/ncu.err
-echo "== prefill kernels $p rc=$?"
-python3 scripts/gpu/run_kernels.py /tmp/ncu-prefill-$p.csv --runs 2 > $OUT/prefill-$p.md 2>&1
-head -16 $OUT/prefill-$p.md
+prefill_kernels qwen3-30b-a3b-4bit 16
 echo "== sweep [t=$((SECONDS - t0))]"
 sweep
 cp /tmp/sweep.md $OUT/sweep.md
