@@ -1412,19 +1412,18 @@ pub(crate) fn fused(
             args.push(I32(i32::from(*heads_last)));
             let keys: usize = sk.iter().product();
             if let Some([nq, nk]) = norms {
-                let eps = |n: usize| match graph.nodes[n].op {
-                    Op::RmsNorm { eps, .. } => eps,
+                // (eps, unit_offset) of each; both norms share the offset (fuse.rs qk_norms).
+                let params = |n: usize| match graph.nodes[n].op {
+                    Op::RmsNorm { eps, unit_offset } => (eps, unit_offset),
                     _ => unreachable!("the folded norms are RMSNorms"),
                 };
-                let Op::RmsNorm { unit_offset, .. } = graph.nodes[*nq].op else {
-                    unreachable!("the folded norms are RMSNorms")
-                };
+                let ((q_eps, unit_offset), (k_eps, _)) = (params(*nq), params(*nk));
                 args.extend([
                     Ptr(at(input(*nq, 1))),
                     Ptr(at(input(*nk, 1))),
                     I32(fcode(graph.node(graph.nodes[*nq].inputs[1]).dtype)?),
-                    F32(eps(*nq)),
-                    F32(eps(*nk)),
+                    F32(q_eps),
+                    F32(k_eps),
                     I32(i32::from(unit_offset)),
                 ]);
                 // A warp a head row of q, k and v, 8 a block (nn.cu).
