@@ -420,7 +420,7 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
 }
 
 /// The widest heads whose q and k norms fold into the rope-and-write launch by default.
-pub(crate) const QK_NORM_WIDEST: usize = 128;
+const QK_NORM_WIDEST: usize = 128;
 
 /// The per-head RMSNorms the queries' and the keys' ropes (`ropes`) read through their moves to
 /// [B, H, T, D]: a transpose, or at one position the reshape it becomes; each norm and move read
