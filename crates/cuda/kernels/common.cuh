@@ -6,13 +6,16 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
+// DT: the type's runtime dtype code (ldf, stf, round_to).
 struct F32 {
   typedef float T;
+  static constexpr int DT = 0;
   static __device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
   static __device__ __forceinline__ void st(T* p, i64 i, float v) { p[i] = v; }
 };
 struct F16 {
   typedef unsigned short T;
+  static constexpr int DT = 1;
   static __device__ __forceinline__ float ld(const T* p, i64 i) {
     float f; unsigned short h = p[i];
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -26,6 +29,7 @@ struct F16 {
 };
 struct BF16 {
   typedef unsigned short T;
+  static constexpr int DT = 2;
   static __device__ __forceinline__ float ld(const T* p, i64 i) { return __uint_as_float(((unsigned)p[i]) << 16); }
   static __device__ __forceinline__ void st(T* p, i64 i, float v) {
     unsigned u = __float_as_uint(v);

@@ -243,6 +243,34 @@ __device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m,
   }
 }
 
+// The input of a GEMV (a tensor-core one, or a dense one that stages x) that computes
+// x = rms_norm(a + b) · (w or 1 + w) itself while staging it (a null: x is given): the sum,
+// rounded to x's dtype, is the residual stream, which block 0 writes to s. a, b and s in x's
+// dtype; w in wdt.
+struct NormIn {
+  const void* a;
+  const void* b;
+  void* s;
+  const void* w;
+  int wdt;
+  float eps;
+  float off;
+};
+#define NORM_IN_PARAMS const void *na, const void *nb, void *ns, const void *nw, int nwdt, float neps, int noff
+#define NORM_IN NormIn{na, nb, ns, nw, nwdt, neps, noff ? 1.0f : 0.0f}
+
+// The sum of each 16 values of the staged row xf [k], into xf [k ..): shared by the stagings.
+__device__ __forceinline__ const float* stage_sums(float* xf, i64 k) {
+  for (i64 c = threadIdx.x; c < k / 16; c += blockDim.x) {
+    float t = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; e++) t += xf[16 * c + e];
+    xf[k + c] = t;
+  }
+  __syncthreads();
+  return xf;
+}
+
 // One row of x as f32 in shared memory, followed by the sum of each 16 of its values, when the
 // launch gave room for them (MLXCEL_GEMV_SMEM=1): every row a block computes then reads floats
 // and sums made once per block instead of converting and summing x again for each weight row.
@@ -260,14 +288,37 @@ template <class X> __device__ __forceinline__ const float* stage_xf(const void* 
     staged[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
   }
   __syncthreads();
-  for (i64 c = threadIdx.x; c < k / 16; c += blockDim.x) {
-    float t = 0.0f;
+  return stage_sums(xf, k);
+}
+
+// stage_xf for x = rms_norm(a + b) · (w or 1 + w) made here from `nin` (a null nin.a: x given,
+// and staged only where the launch gave room). The sum and the normalized row are each rounded
+// to x's dtype, as the plain graph stores them; block 0 writes the sum to nin.s. With a NormIn
+// the launch always gives room (k + k / 16 floats; k a multiple of 16).
+template <class X>
+__device__ __forceinline__ const float* stage_xf_in(const void* x, const NormIn& nin, int m, i64 k) {
+  if (!nin.a) return stage_xf<X>(x, m, k);
+  extern __shared__ float4 staged[];
+  float* xf = (float*)staged;
+  typedef typename X::T T;
+  float ss = 0.0f;
+  for (i64 i = threadIdx.x; i < k / 8; i += blockDim.x) {
+    float a[8], b[8];
+    ldx8<X>((const T*)nin.a + 8 * i, a);
+    ldx8<X>((const T*)nin.b + 8 * i, b);
 #pragma unroll
-    for (int e = 0; e < 16; e++) t += xf[16 * c + e];
-    xf[k + c] = t;
+    for (int e = 0; e < 8; e++) {
+      const float v = round_to(a[e] + b[e], X::DT);
+      ss += v * v;
+      xf[8 * i + e] = v;
+      if (blockIdx.x == 0) X::st((T*)nin.s, 8 * i + e, v);
+    }
   }
+  const float inv = rsqrtf(block_sum(ss) / (float)k + nin.eps);  // block_sum syncs: xf is whole
+  for (i64 i = threadIdx.x; i < k; i += blockDim.x)
+    xf[i] = round_to(xf[i] * inv * (ldf(nin.w, nin.wdt, i) + nin.off), X::DT);
   __syncthreads();
-  return xf;
+  return stage_sums(xf, k);
 }
 
 // Warp w of the grid owns weight rows [w·R, w·R + R).
@@ -357,8 +408,8 @@ __device__ __forceinline__ void dgemv(const void* x, int m, const void* w, void*
 
 template <class X, class W, int MR, int R>
 __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, const void* wu, void* y, int ydt,
-                                          int gdt, int act, i64 n, i64 k) {
-  const float* xf = MR == 1 ? stage_xf<X>(x, m, k) : nullptr;
+                                          int gdt, int act, i64 n, i64 k, const NormIn& nin) {
+  const float* xf = MR == 1 ? stage_xf_in<X>(x, nin, m, k) : nullptr;
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
   float g[MR * R], u[MR * R];
@@ -382,28 +433,41 @@ __device__ __forceinline__ void dgemv_glu(const void* x, int m, const void* wg, 
   }
 }
 
+// A product's output with its bias b (in the output's dtype ydt; null: none) added as the plain
+// graph adds it: to the product rounded to ydt.
+__device__ __forceinline__ float with_bias(float v, const void* b, int ydt, i64 row) {
+  return b ? round_to(v, ydt) + ldf(b, ydt, row) : v;
+}
+
 // Up to three dense products of one row of x (attention's q, k and v) in one launch: warp w of
-// the grid computes row w of the weights taken in turn (n2 may be 0).
+// the grid computes row w of the weights taken in turn (n2 may be 0). x given, or made from a
+// NormIn (staged; the launch gives room). A non-null b0/b1/b2 is that product's bias (in the
+// output's dtype), added to the product rounded as the plain graph rounds it.
 template <class X, class W>
 __device__ __forceinline__ void dgemv3(const void* x, const void* w0, void* y0, i64 n0, const void* w1, void* y1,
-                                       i64 n1, const void* w2, void* y2, i64 n2, int ydt, i64 k) {
+                                       i64 n1, const void* w2, void* y2, i64 n2, int ydt, i64 k, const NormIn& nin,
+                                       const void* b0, const void* b1, const void* b2) {
+  const float* xf = nin.a ? stage_xf_in<X>(x, nin, 1, k) : nullptr;
   i64 row = first_col(1);
   const void* w = w0;
+  const void* b = b0;
   void* y = y0;
   i64 n = n0;
-  if (row >= n0 + n1) { row -= n0 + n1; w = w2; y = y2; n = n2; }
-  else if (row >= n0) { row -= n0; w = w1; y = y1; n = n1; }
+  if (row >= n0 + n1) { row -= n0 + n1; w = w2; b = b2; y = y2; n = n2; }
+  else if (row >= n0) { row -= n0; w = w1; b = b1; y = y1; n = n1; }
   if (row >= n) return;
   float acc[1] = {0.0f};
-  ddot<X, W, 1, 1>((const typename X::T*)x, 1, k, (const unsigned short*)w, row, n, acc);
-  const float v = warp_sum(acc[0]);
+  if (xf) ddot<F32, W, 1, 1>(xf, 1, k, (const unsigned short*)w, row, n, acc);
+  else ddot<X, W, 1, 1>((const typename X::T*)x, 1, k, (const unsigned short*)w, row, n, acc);
+  const float v = with_bias(warp_sum(acc[0]), b, ydt, row);
   if ((threadIdx.x & 31) == 0) stf(y, ydt, row, v);
 }
 #define DGEMV3(XN, X, WN, W)                                                                                          \
   extern "C" __global__ void dgemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,      \
                                                  void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,         \
-                                                 i64 k) {                                                             \
-    dgemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k);                                                      \
+                                                 i64 k, NORM_IN_PARAMS, const void* b0, const void* b1,               \
+                                                 const void* b2) {                                                    \
+    dgemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k, NORM_IN, b0, b1, b2);                                \
   }
 #define DGEMV3_X(XN, X) DGEMV3(XN, X, f16, F16) DGEMV3(XN, X, bf16, BF16)
 DGEMV3_X(f32, F32)
@@ -486,8 +550,9 @@ QGEMV_X(bf16, BF16)
     dgemv<X, W, MR, R>(x, m, w, y, ydt, n, k);                                                                        \
   }                                                                                                                   \
   extern "C" __global__ void dglu_##XN##_##WN##_##MR##_##R(const void* x, int m, const void* wg, const void* wu,      \
-                                                           void* y, int ydt, int gdt, int act, i64 n, i64 k) {    \
-    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, act, n, k);                                                 \
+                                                           void* y, int ydt, int gdt, int act, i64 n, i64 k,     \
+                                                           NORM_IN_PARAMS) {                                      \
+    dgemv_glu<X, W, MR, R>(x, m, wg, wu, y, ydt, gdt, act, n, k, NORM_IN);                                        \
   }
 #define DGEMV_SHAPES(XN, X, WN, W)                                                                                    \
   DGEMV(XN, X, WN, W, 1, 1) DGEMV(XN, X, WN, W, 1, 2) DGEMV(XN, X, WN, W, 1, 4) DGEMV(XN, X, WN, W, 8, 1)
@@ -541,20 +606,6 @@ template <> struct TensorCore<BF16> {
 // (a block's first tile; its later tiles reuse it). A warp's first chunk of
 // weights is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
-// The input of a tensor-core GEMV that computes x = rms_norm(a + b) · (w or 1 + w) itself while
-// staging it (a null: x is given): the sum, rounded to x's dtype, is the residual stream, which
-// block 0 writes to s. a, b and s in x's dtype; w in wdt.
-struct NormIn {
-  const void* a;
-  const void* b;
-  void* s;
-  const void* w;
-  int wdt;
-  float eps;
-  float off;
-};
-#define NORM_IN_PARAMS const void *na, const void *nb, void *ns, const void *nw, int nwdt, float neps, int noff
-#define NORM_IN NormIn{na, nb, ns, nw, nwdt, neps, noff ? 1.0f : 0.0f}
 
 // 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum.
 template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum) {
@@ -824,19 +875,21 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   extern "C" __global__ void CAP tc_qgemv3_##XN##_4##SUF(                                                             \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS) {                                         \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
+      const void* b2) {                                                                                               \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
     for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
       i64 row0 = tile * 16;                                                                                           \
       const unsigned* w = w0;                                                                                         \
-      const void *s = s0, *z = z0;                                                                                    \
+      const void *s = s0, *z = z0, *b = b0;                                                                           \
       void* y = y0;                                                                                                   \
       i64 n = n0;                                                                                                     \
-      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; y = y2; n = n2; }                               \
-      else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; y = y1; n = n1; }                                    \
+      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; b = b2; y = y2; n = n2; }                       \
+      else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; b = b1; y = y1; n = n1; }                            \
       float out[1];                                                                                                   \
       tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
-      if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
+      const i64 row = row0 + threadIdx.x;                                                                             \
+      if (threadIdx.x < 16 && row < n) stf(y, ydt, row, with_bias(out[0], b, ydt, row));                              \
     }                                                                                                                 \
   }
 TC_QGEMV3(f16, F16, , TC_GEMV_CAP)
@@ -1096,10 +1149,12 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   extern "C" __global__ void tc_qgemv3_##XN##_4_ring(                                                                 \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, int ring) {                               \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
+      const void* b2, int ring) {                                                                                     \
     const QMat mats[3] = {{w0, s0, z0}, {w1, s1, z1}, {w2, s2, z2}};                                                  \
-    tc_qring<X, 1>(x, NORM_IN, mats, Parts{{n0, n1, n2}}, sdt, k, group, ring,                                        \
-                   [&](int part, i64 r, float o, float) { stf(part == 0 ? y0 : part == 1 ? y1 : y2, ydt, r, o); });    \
+    tc_qring<X, 1>(x, NORM_IN, mats, Parts{{n0, n1, n2}}, sdt, k, group, ring, [&](int part, i64 r, float o, float) { \
+      stf(part == 0 ? y0 : part == 1 ? y1 : y2, ydt, r, with_bias(o, part == 0 ? b0 : part == 1 ? b1 : b2, ydt, r));  \
+    });                                                                                                               \
   }
 TC_RING(f16, F16)
 TC_RING(bf16, BF16)

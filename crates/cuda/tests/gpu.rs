@@ -674,6 +674,75 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(out_dtype).scaled(4.0); 3],
         });
     }
+    // Qwen2's attention inputs: the add + RMSNorm, q, k and v, and each product's bias, as one
+    // launch (dense 16-bit, x staged; and 4-bit on the tensor cores), the residual sum an
+    // output too; then the GLU after an add + RMSNorm over dense weights, as one launch.
+    for (act, bits, k) in [
+        (DType::F16, 0u32, 896usize),
+        (DType::BF16, 0, 224),
+        (DType::F16, 4, 512),
+        (DType::BF16, 4, 256),
+    ] {
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", act, &[1, 1, k]);
+        let d = b.input("d", act, &[1, 1, k]);
+        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(61, k)).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
+        let widths = [(62u64, 64usize), (63, 32), (64, 32)];
+        let products: Vec<_> = widths
+            .iter()
+            .map(|&(seed, n)| projection(&mut b, x, seed, (n, k), (bits, 64), act))
+            .collect();
+        let mut outs: Vec<_> = products
+            .iter()
+            .zip(&widths)
+            .map(|(&p, &(seed, n))| {
+                let bias = b.parameter("bias", HostTensor::from_f32(act, &[n], &noise(seed + 10, n)).unwrap());
+                b.add(p, bias).unwrap()
+            })
+            .collect();
+        outs.push(sum);
+        let graph = one_launch(&b.finish(&outs), "add, norm, products and biases");
+        cases.push(OpCase {
+            name: format!("fused add+norm+q/k/v products+bias {act} bits {bits} k {k}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[1, 1, k], &noise(65, k)).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &noise(66, k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: [
+                vec![Tolerance::for_dtype(act).scaled(4.0); 3],
+                vec![Tolerance::for_dtype(act)],
+            ]
+            .concat(),
+        });
+        if bits != 0 {
+            continue;
+        }
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", act, &[1, 1, k]);
+        let d = b.input("d", act, &[1, 1, k]);
+        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(67, k)).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, nw, 1e-6, true).unwrap();
+        let g = projection(&mut b, x, 68, (96, k), (0, 0), act);
+        let g = b.silu(g).unwrap();
+        let u = projection(&mut b, x, 69, (96, k), (0, 0), act);
+        let y = b.mul(g, u).unwrap();
+        let graph = one_launch(&b.finish(&[y, sum]), "add, norm and dense GLU");
+        cases.push(OpCase {
+            name: format!("fused add+norm+dense glu {act} k {k}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[1, 1, k], &noise(70, k)).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &noise(71, k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(8.0), Tolerance::for_dtype(act)],
+        });
+    }
     // Tall products and a tall GLU, so each tensor-core block loops over several 16-row tiles,
     // in each group size (what MLXCEL_TC_PACK's scale order depends on).
     for (act, group) in [(DType::F16, 32usize), (DType::BF16, 64), (DType::F16, 128)] {

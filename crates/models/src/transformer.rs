@@ -313,21 +313,27 @@ impl Attention {
         positions: NodeId,
     ) -> Result<[NodeId; 3]> {
         let (batch, t, hd) = (b.shape(x)[0], b.shape(x)[1], spec.head_dim);
-        // The three products first, side by side (a backend may run them as one), then per
-        // projection: bias, [B, T, H·hd] → [B, T, H, hd] (→ per-head norm) → [B, H, T, hd].
+        // The three products first, side by side, then their biases (a backend may run all of
+        // them as one launch, which nothing may read before its last node), then per
+        // projection: [B, T, H·hd] → [B, T, H, hd] (→ per-head norm) → [B, H, T, hd].
         let products = [self.q.product(b, x)?, self.k.product(b, x)?, self.v.product(b, x)?];
-        let mut products = products.into_iter();
-        let mut heads = |b: &mut GraphBuilder, proj: &Linear, n: usize, norm: &Option<RmsNorm>| -> Result<NodeId> {
-            let y = proj.add_bias(b, products.next().expect("three products"))?;
+        let biased = [
+            self.q.add_bias(b, products[0])?,
+            self.k.add_bias(b, products[1])?,
+            self.v.add_bias(b, products[2])?,
+        ];
+        let mut biased = biased.into_iter();
+        let mut heads = |b: &mut GraphBuilder, n: usize, norm: &Option<RmsNorm>| -> Result<NodeId> {
+            let y = biased.next().expect("three projections");
             let mut y = b.reshape(y, &[batch, t, n, hd])?;
             if let Some(norm) = norm {
                 y = norm.forward(b, y)?;
             }
             Ok(b.swap_axes(y, 1, 2)?)
         };
-        let q = heads(b, &self.q, spec.heads, &self.q_norm)?;
-        let k = heads(b, &self.k, spec.kv_heads, &self.k_norm)?;
-        let v = heads(b, &self.v, spec.kv_heads, &None)?;
+        let q = heads(b, spec.heads, &self.q_norm)?;
+        let k = heads(b, spec.kv_heads, &self.k_norm)?;
+        let v = heads(b, spec.kv_heads, &None)?;
         let rope = match (spec.window(i), &spec.options.local_rope) {
             (Some(_), Some(local)) => local,
             _ => &spec.rope,

@@ -13,9 +13,11 @@
 //! - the routed experts' outputs times their router weights, summed over the experts;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
-//!   share the GPU with q and a layer launches two kernels fewer;
-//! - `rms_norm(a + b)` read only by one tensor-core GEMV launch (fused products or GLU): the GEMV
-//!   computes its input itself while staging it, and writes the sum, so the norm is no launch;
+//!   share the GPU with q and a layer launches two kernels fewer; with each product's bias
+//!   (Qwen2's q, k and v) added as the launch writes it;
+//! - `rms_norm(a + b)` read only by one GEMV launch that stages x (fused products or GLU, 4-bit
+//!   on tensor cores or dense 16-bit): the GEMV computes its input itself while staging it, and
+//!   writes the sum, so the norm is no launch;
 //! - opt-in (`MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1`): a decode step's rope-and-write inside the
 //!   split kernel of the attention that reads it.
 //!
@@ -43,9 +45,16 @@ pub enum Fused {
     ActMul { act: usize, u: NodeId },
     /// Anchor = the norm; `add` is the residual sum it normalizes (also written).
     AddRmsNorm { add: usize },
-    /// Anchor = the last product; `before` the earlier products of the same x (in graph order),
-    /// written by the anchor's launch (nothing reads them before it); `norm` as for `Glu`.
-    Products { before: Vec<usize>, norm: Option<NormIn> },
+    /// Products of the same x (`parts`, in graph order), written by one launch at the anchor:
+    /// the last product, or with `biases` the last of those sums (biases[j] = parts[j] + a bias
+    /// vector, the product's only reader; the launch writes the sums, and the products are
+    /// never stored). Nothing reads what the launch writes before the anchor; `norm` as for
+    /// `Glu`.
+    Products {
+        parts: Vec<usize>,
+        biases: Vec<usize>,
+        norm: Option<NormIn>,
+    },
     /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
     RopeKvWrite { rope: usize },
     /// Anchor = the last of `q` (the queries' rope), `k` (the keys' cache write, its rope
@@ -245,8 +254,8 @@ impl Fusion {
                     _ => (vec![*x], norm),
                 },
                 Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
-                // x is the anchor's own input; the weights are parameters.
-                Some(Fused::Products { norm, .. }) => (Vec::new(), norm),
+                // The weights and biases are parameters.
+                Some(Fused::Products { parts, norm, .. }) => (vec![graph.nodes[parts[0]].inputs[0]], norm),
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
@@ -663,6 +672,8 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             k,
         )
     };
+    // `MLXCEL_CUDA_FUSE_BIAS=0` leaves the biases' sums as their own launches.
+    let biased = !std::env::var("MLXCEL_CUDA_FUSE_BIAS").is_ok_and(|v| v == "0");
     let mut by_x: HashMap<_, Vec<usize>> = HashMap::new();
     for i in (0..graph.nodes.len()).filter(|&i| eligible(i)) {
         by_x.entry(key(i)).or_default().push(i);
@@ -679,17 +690,75 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             if before.is_empty() {
                 continue;
             }
-            for &p in &before {
+            let parts: Vec<usize> = before.into_iter().chain([anchor]).collect();
+            let biases = if biased {
+                product_biases(graph, consumers, f, &parts)
+            } else {
+                Vec::new()
+            };
+            for &p in parts.iter().chain(&biases) {
                 f.absorbed[p] = true;
             }
-            f.anchored[anchor] = Some(Fused::Products { before, norm: None });
+            let at = biases.last().copied().unwrap_or(anchor);
+            f.absorbed[at] = false;
+            f.anchored[at] = Some(Fused::Products {
+                parts,
+                biases,
+                norm: None,
+            });
         }
     }
 }
 
-/// Moves each fused add + RMSNorm whose output only one tensor-core GEMV launch reads (fused
-/// 4-bit products, or a 4-bit GLU) into that launch: x, the sum and the norm all in one 16-bit
-/// dtype, one row, and nothing reading the sum before the launch writes it.
+/// `v` with the reshapes (aliases) that lead to it followed back: the parameter a bias vector
+/// [n] is, where the graph added it to a [.., n] product through a reshape to [1, .., n].
+pub(crate) fn bias_vector(graph: &Graph, mut v: NodeId) -> NodeId {
+    while matches!(graph.node(v).op, Op::Reshape) {
+        v = graph.node(v).inputs[0];
+    }
+    v
+}
+
+/// The bias sums of fused products (`parts[j] + b_j`, each product's only reader, with b_j a
+/// parameter vector [n] in the product's dtype), when every part has one and nothing reads the
+/// sums before the last of them (where the launch then runs); else none.
+fn product_biases(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, parts: &[usize]) -> Vec<usize> {
+    let bias_of = |p: usize| -> Option<usize> {
+        let [a] = consumers[p][..] else { return None };
+        let sum = graph.nodes.get(a)?;
+        let product = &graph.nodes[p];
+        let other = match sum.inputs[..] {
+            [l, r] if l.index() == p && r.index() != p => r,
+            [l, r] if r.index() == p && l.index() != p => l,
+            _ => return None,
+        };
+        let b = graph.node(bias_vector(graph, other));
+        let ok = matches!(sum.op, Op::Binary(BinaryOp::Add))
+            && matches!(b.op, Op::Parameter { .. })
+            && b.shape[..] == product.shape[product.shape.len() - 1..]
+            && b.dtype == product.dtype
+            && sum.dtype == product.dtype
+            && sum.shape == product.shape
+            && !f.absorbed[a]
+            && f.anchored[a].is_none();
+        ok.then_some(a)
+    };
+    let Some(biases) = parts.iter().map(|&p| bias_of(p)).collect::<Option<Vec<usize>>>() else {
+        return Vec::new();
+    };
+    let last = biases.iter().copied().max().unwrap_or(0);
+    let unread = biases.iter().all(|&s| consumers[s].iter().all(|&c| c > last));
+    if unread {
+        biases
+    } else {
+        Vec::new()
+    }
+}
+
+/// Moves each fused add + RMSNorm whose output only one GEMV launch reads (fused products, or a
+/// GLU: 4-bit on the tensor cores, or dense 16-bit with x staged) into that launch: x, the sum
+/// and the norm all in one dtype (16-bit for 4-bit weights), one row, and nothing reading the
+/// sum before the launch writes it.
 fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     for r in 0..graph.nodes.len() {
         let Some(Fused::AddRmsNorm { add }) = f.anchored[r] else {
@@ -710,22 +779,29 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         let Some(&last) = users.iter().max() else { continue };
         let Some(anchor) = (last..graph.nodes.len()).find(|&m| match &f.anchored[m] {
             Some(Fused::Glu { g, u, .. }) => users.contains(g) || users.contains(u),
-            Some(Fused::Products { before, .. }) => m == last || before.iter().any(|b| users.contains(b)),
+            Some(Fused::Products { parts, .. }) => parts.iter().any(|p| users.contains(p)),
             _ => false,
         }) else {
             continue;
         };
         let (mut parts, family): (Vec<usize>, _) = match &f.anchored[anchor] {
             Some(Fused::Glu { g, u, .. }) => (vec![*g, *u], "qglu"),
-            Some(Fused::Products { before, .. }) => (before.iter().copied().chain([anchor]).collect(), "qgemv"),
+            Some(Fused::Products { parts, .. }) => (parts.clone(), "qgemv"),
             _ => continue,
         };
-        // The products the launch computes (all of one op) take the tensor-core GEMV.
+        // The products the launch computes (all of one op) take the tensor-core GEMV, or the
+        // dense one with x staged.
         let product = &graph.nodes[parts[0]];
-        let tensor_cores = match product.op {
+        let stages_x = match product.op {
             Op::QuantizedMatMul { bits, .. } => {
                 let n = *product.shape.last().unwrap_or(&0);
                 super::launch::tc_gemv_kernel(family, norm.dtype, bits, 1, n, d).is_some()
+            }
+            Op::MatMul { transpose_b: true } => {
+                let w = graph.node(product.inputs[1]);
+                matches!(w.dtype, DType::F16 | DType::BF16)
+                    && norm.dtype.is_float()
+                    && super::launch::dense_staging(d).is_some()
             }
             _ => false,
         };
@@ -734,7 +810,7 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         parts.sort_unstable();
         let ok = sorted_users == parts
             && parts.iter().all(|&q| graph.nodes[q].inputs[0].index() == r)
-            && tensor_cores
+            && stages_x
             && consumers[add].iter().all(|&c| c == r || c > anchor);
         if !ok {
             continue;
@@ -878,7 +954,7 @@ mod tests {
         let p = products(&graph);
         let f = Fusion::find(&graph);
         match &f.anchored[p[2]] {
-            Some(Fused::Products { before, .. }) => assert_eq!(before, &p[..2]),
+            Some(Fused::Products { parts, .. }) => assert_eq!(parts, &p[..]),
             other => panic!("expected fused products at the last one, got {other:?}"),
         }
         assert!(f.absorbed[p[0]] && f.absorbed[p[1]] && !f.absorbed[p[2]]);
@@ -894,7 +970,7 @@ mod tests {
             "the first product is read early"
         );
         match &f.anchored[p[2]] {
-            Some(Fused::Products { before, .. }) => assert_eq!(before, &p[1..2]),
+            Some(Fused::Products { parts, .. }) => assert_eq!(parts, &p[1..]),
             other => panic!("expected k and v fused, got {other:?}"),
         }
     }
@@ -935,13 +1011,94 @@ mod tests {
         // The products' launch reads the sum's operands and the norm weight: kept alive for it.
         let planned = f.planning_graph(&graph);
         let extra = &planned.nodes[p[2]].inputs[graph.nodes[p[2]].inputs.len()..];
-        let want: Vec<NodeId> = graph.nodes[sum]
-            .inputs
-            .iter()
-            .copied()
+        let want: Vec<NodeId> = [graph.nodes[p[2]].inputs[0]]
+            .into_iter()
+            .chain(graph.nodes[sum].inputs.iter().copied())
             .chain([graph.nodes[norm].inputs[1]])
             .collect();
         assert_eq!(extra, &want[..]);
+    }
+
+    /// Qwen2's attention inputs at decode: h + d normed into dense q, k and v products with
+    /// biases, then each sum reshaped to heads. `interleaved`: each sum's reshape comes before
+    /// the next sum (read before the last of them); else the three sums come first, as
+    /// transformer.rs builds them.
+    fn biased_products(interleaved: bool) -> (Graph, [usize; 2], Vec<usize>, Vec<usize>) {
+        let k = 64;
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", DType::F16, &[1, 1, k]);
+        let d = b.input("d", DType::F16, &[1, 1, k]);
+        let w = b.parameter("w", HostTensor::from_f32(DType::F16, &[k], &vec![1.0; k]).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, w, 1e-6, false).unwrap();
+        let widths = [32usize, 16, 16];
+        let products: Vec<NodeId> = widths
+            .iter()
+            .map(|&n| {
+                let w = b.parameter(
+                    "w",
+                    HostTensor::from_f32(DType::F16, &[n, k], &vec![0.5; n * k]).unwrap(),
+                );
+                b.matmul_t(x, w).unwrap()
+            })
+            .collect();
+        let mut sums = Vec::new();
+        let mut heads = Vec::new();
+        for (&p, &n) in products.iter().zip(&widths) {
+            let bias = b.parameter("b", HostTensor::from_f32(DType::F16, &[n], &vec![0.25; n]).unwrap());
+            sums.push(b.add(p, bias).unwrap());
+            if interleaved {
+                heads.push(b.reshape(*sums.last().unwrap(), &[1, 1, n / 8, 8]).unwrap());
+            }
+        }
+        if !interleaved {
+            heads = sums
+                .iter()
+                .zip(&widths)
+                .map(|(&s, &n)| b.reshape(s, &[1, 1, n / 8, 8]).unwrap())
+                .collect();
+        }
+        let o = b.add(sum, d).unwrap();
+        heads.push(o);
+        let graph = b.finish(&heads);
+        let index = |v: &[NodeId]| v.iter().map(|n| n.index()).collect();
+        (graph, [sum.index(), x.index()], index(&products), index(&sums))
+    }
+
+    #[test]
+    fn product_biases_and_their_add_and_norm_join_the_products_launch() {
+        let (graph, [sum, norm], p, biases) = biased_products(false);
+        let f = Fusion::find(&graph);
+        let anchor = biases[2];
+        match &f.anchored[anchor] {
+            Some(Fused::Products {
+                parts,
+                biases: b,
+                norm: n,
+            }) => {
+                assert_eq!(parts, &p);
+                assert_eq!(b, &biases);
+                assert_eq!(*n, Some(NormIn { norm, add: sum }));
+            }
+            other => panic!("expected biased products at the last sum, got {other:?}"),
+        }
+        for j in p.iter().chain(&biases[..2]).chain([&sum, &norm]) {
+            assert!(f.absorbed[*j] && f.anchored[*j].is_none(), "node {j} is in the launch");
+        }
+        // The launch reads x (the norm's output, never stored) through its own inputs.
+        let planned = f.planning_graph(&graph);
+        assert!(planned.nodes[anchor].inputs.contains(&NodeId(norm as u32)));
+    }
+
+    #[test]
+    fn a_bias_sum_read_before_the_last_stays_its_own_kernel() {
+        let (graph, _, p, biases) = biased_products(true);
+        let f = Fusion::find(&graph);
+        match &f.anchored[p[2]] {
+            Some(Fused::Products { parts, biases: b, .. }) => assert!(parts == &p && b.is_empty()),
+            other => panic!("expected the products alone, got {other:?}"),
+        }
+        assert!(biases.iter().all(|&s| !f.absorbed[s]));
     }
 
     #[test]
@@ -1166,7 +1323,7 @@ mod tests {
         let f = Fusion::find(&graph);
         let (q, k, v) = (outs[0].index(), outs[1].index(), outs[2].index());
         match &f.anchored[v] {
-            Some(Fused::Products { before, .. }) => assert_eq!(before, &[q, k]),
+            Some(Fused::Products { parts, .. }) => assert_eq!(parts, &[q, k, v]),
             other => panic!("expected fused dense products, got {other:?}"),
         }
     }

@@ -1214,7 +1214,11 @@ pub(crate) fn fused(
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
-                    let l = gemv_kernel("dglu", xdt, w, rows, n, k)?;
+                    let mut l = gemv_kernel("dglu", xdt, w, rows, n, k)?;
+                    if norm.is_some() {
+                        // The launch computes x, so it stages it.
+                        l.smem = dense_staging(k).ok_or_else(|| no_staging("dense GLU"))?;
+                    }
                     let mut args = vec![
                         Ptr(at(x.index())),
                         I32(rows as i32),
@@ -1224,6 +1228,7 @@ pub(crate) fn fused(
                     ];
                     args.extend(codes);
                     args.extend([I64(n as i64), I64(k as i64)]);
+                    args.extend(norm_in_args(graph, norm, at)?);
                     gpu.launch(l.name, l.grid, l.block, l.smem, &args)
                 }
             }
@@ -1433,21 +1438,23 @@ pub(crate) fn fused(
             let n = sq.iter().product::<usize>() + keys + keys / sk[3].max(1) * dv;
             gpu.launch("rope_qkv_write", blocks(n), THREADS, 0, &args)
         }
-        Fused::Products { before, norm } => {
-            let x = graph.node(node.inputs[0]);
+        Fused::Products { parts, biases, norm } => {
+            let first = &graph.nodes[parts[0]];
+            let x = graph.node(first.inputs[0]);
             let k = *x.shape.last().unwrap();
-            let parts: Vec<usize> = before.iter().copied().chain([i]).collect();
             let rows = |p: usize| *graph.nodes[p].shape.last().unwrap();
             let total: usize = parts.iter().map(|&p| rows(p)).sum();
             // Per product slot: its weight tensors (a dense weight, or packed weights, scales
-            // and biases), its output and its rows; zeros for an unused slot.
-            let tensors = node.inputs.len() - 1;
-            let mut args = vec![Ptr(at(node.inputs[0].index()))];
+            // and biases), its output (the bias sum's, with biases) and its rows; zeros for an
+            // unused slot.
+            let tensors = first.inputs.len() - 1;
+            let mut args = vec![Ptr(at(first.inputs[0].index()))];
             for slot in 0..3 {
                 match parts.get(slot) {
                     Some(&p) => {
+                        let out = biases.get(slot).copied().unwrap_or(p);
                         args.extend((1..=tensors).map(|j| Ptr(at(input(p, j)))));
-                        args.extend([Ptr(at(p)), I64(rows(p) as i64)]);
+                        args.extend([Ptr(at(out)), I64(rows(p) as i64)]);
                     }
                     None => {
                         args.extend((0..=tensors).map(|_| Ptr(0)));
@@ -1455,11 +1462,22 @@ pub(crate) fn fused(
                     }
                 }
             }
-            match node.op {
+            // gemv.cu's b0, b1, b2: each sum's bias vector (the operand that is not the product,
+            // a parameter or a reshape of one).
+            let bias_args: Vec<Arg> = (0..3)
+                .map(|slot| match (parts.get(slot), biases.get(slot)) {
+                    (Some(&p), Some(&s)) => {
+                        let b = graph.nodes[s].inputs.iter().find(|v| v.index() != p);
+                        Ptr(b.map_or(0, |&b| at(super::fuse::bias_vector(graph, b).index())))
+                    }
+                    _ => Ptr(0),
+                })
+                .collect();
+            match first.op {
                 Op::QuantizedMatMul { bits, group_size } => {
                     let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
                         .ok_or_else(|| no_tensor_cores("fused products"))?;
-                    let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(node.inputs[2]).dtype);
+                    let (l, stages) = tc_ring(l, 1, k, group_size, graph.node(first.inputs[2]).dtype);
                     let mut group = group_size as i32;
                     if stages.is_none() {
                         // Each part's weight, scales and biases lead its slot's arguments.
@@ -1473,12 +1491,13 @@ pub(crate) fn fused(
                         }
                     }
                     args.extend([
-                        I32(fcode(graph.node(node.inputs[2]).dtype)?),
-                        I32(fcode(node.dtype)?),
+                        I32(fcode(graph.node(first.inputs[2]).dtype)?),
+                        I32(fcode(first.dtype)?),
                         I64(k as i64),
                         I32(group),
                     ]);
                     args.extend(norm_in_args(graph, norm, at)?);
+                    args.extend(bias_args);
                     args.extend(stages.map(I32));
                     let l = GemvLaunch {
                         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),
@@ -1486,17 +1505,35 @@ pub(crate) fn fused(
                     };
                     gpu.launch_gemv(&l, &args)
                 }
-                _ if norm.is_some() => Err(no_tensor_cores("fused dense products")),
                 _ => {
-                    args.extend([I32(fcode(node.dtype)?), I64(k as i64)]);
-                    let w = fsuffix(graph.node(node.inputs[1]).dtype)?;
+                    args.extend([I32(fcode(first.dtype)?), I64(k as i64)]);
+                    args.extend(norm_in_args(graph, norm, at)?);
+                    args.extend(bias_args);
+                    let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
                     let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
-                    // One weight row a warp, four warps a block.
-                    gpu.launch(name, total.div_ceil(4) as u32, 128, 0, &args)
+                    // One weight row a warp, four warps a block; x staged where the launch
+                    // computes it.
+                    let smem = match norm {
+                        Some(_) => dense_staging(k).ok_or_else(|| no_staging("fused dense products"))?,
+                        None => 0,
+                    };
+                    gpu.launch(name, total.div_ceil(4) as u32, 128, smem, &args)
                 }
             }
         }
     }
+}
+
+/// A fused pattern found for a dense GEMV that stages x, where x does not fit.
+fn no_staging(what: &str) -> mlxcel_core::Error {
+    mlxcel_core::Error::Backend(format!("{what}: fused for a GEMV that stages x, which does not fit"))
+}
+
+/// The shared memory a dense one-row GEMV stages x [k] in (as f32, with its 16-value sums;
+/// gemv.cu, stage_xf), where it fits: k a multiple of 16.
+pub(crate) fn dense_staging(k: usize) -> Option<u32> {
+    let bytes = (k + k / 16) * 4;
+    (k.is_multiple_of(16) && bytes <= MAX_STAGED_BYTES).then(|| bytes.next_multiple_of(16) as u32)
 }
 
 /// A fused pattern found for the tensor-core GEMV that the launch could not give it.
@@ -1506,7 +1543,7 @@ fn no_tensor_cores(what: &str) -> mlxcel_core::Error {
     ))
 }
 
-/// gemv.cu's NORM_IN_PARAMS for a tensor-core GEMV: the add + RMSNorm it computes its input from,
+/// gemv.cu's NORM_IN_PARAMS for a GEMV that stages x: the add + RMSNorm it computes its input from,
 /// or nulls (x given).
 fn norm_in_args(graph: &Graph, norm: &Option<super::fuse::NormIn>, at: &dyn Fn(usize) -> u64) -> Result<Vec<Arg>> {
     use Arg::{Ptr, F32, I32};

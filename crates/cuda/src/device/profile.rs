@@ -129,9 +129,15 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
             );
         }
         Some(Fused::RopeAttention { .. }) => return format!("{} (rope and kv_write in)", family(graph, i, None)),
-        Some(Fused::Products { before, norm }) => {
+        Some(Fused::Products { parts, biases, norm }) => {
             let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
-            return format!("fused {pre}{} products ({})", before.len() + 1, family(graph, i, None));
+            let post = if biases.is_empty() { "" } else { "+bias" };
+            let last = *parts.last().expect("fused products have parts");
+            return format!(
+                "fused {pre}{} products{post} ({})",
+                parts.len(),
+                family(graph, last, None)
+            );
         }
         None => {}
     }
