@@ -524,6 +524,148 @@ GATHER_QGEMV_X(f32, F32)
 GATHER_QGEMV_X(f16, F16)
 GATHER_QGEMV_X(bf16, BF16)
 
+// ---- One row of x by dense 16-bit weights, loads first (decode of unquantized models) ---------
+// A block of DSK_WARPS warps takes DSK_WARPS / G sets of rows, a set's G warps splitting k (G a
+// power of two, so each lane has at most DSK_J 16-byte words of a row a batch: one batch for k
+// up to 8·32·G·DSK_J). Each lane requests its first batch of words of all the set's NM matrices
+// (1: a product; 2: a GLU's gate and up) before anything else, x staged after (rms_norm(a + b)
+// made from a NormIn) or read as it is used, so a row of a few thousand values costs about one
+// memory round trip, where the warp-a-row kernels (dgemv, dgemv_glu, dgemv3) took a round trip
+// per 2048 values per matrix and another for the norm.
+#define DSK_WARPS 8
+#define DSK_J 4
+
+// Lane sums of set rows into sums [DSK_WARPS / G][NM] (shared, whole after the call's last
+// barrier): matrix m's row `row` (n rows, w[m] of [n, k]) for this warp's set; row >= n sets
+// compute nothing but reach every barrier.
+template <class X, class W, int NM>
+__device__ __forceinline__ void dsk_sums(const void* x, const NormIn& nin, const void* const* w, i64 row, i64 n, i64 k,
+                                         int G, float (*sums)[NM]) {
+  __shared__ float part[DSK_WARPS][NM];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64 vecs = k / 8, step = 32 * G, first = (warp % G) * 32 + lane;
+  const bool live = row < n;
+  uint4 q[NM][DSK_J];
+  auto fetch = [&](i64 v0) {
+#pragma unroll
+    for (int j = 0; j < DSK_J; j++) {
+      const i64 v = v0 + j * step;
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+        if (live && v < vecs) q[m][j] = __ldcs((const uint4*)((const unsigned short*)w[m] + row * k) + v);
+    }
+  };
+  fetch(first);
+  const float* xf = nin.a ? stage_xf_in<X>(x, nin, 1, k) : nullptr;
+  float acc[NM];
+#pragma unroll
+  for (int m = 0; m < NM; m++) acc[m] = 0.0f;
+  for (i64 v0 = first; live && v0 < vecs; v0 += step * DSK_J) {
+#pragma unroll
+    for (int j = 0; j < DSK_J; j++) {
+      const i64 v = v0 + j * step;
+      if (v >= vecs) break;
+      float xv[8];
+      if (xf) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[e] = xf[8 * v + e];
+      } else {
+        ldx8<X>((const typename X::T*)x + 8 * v, xv);
+      }
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        float wv[8];
+        unpack8<W>(q[m][j], wv);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[m] = fmaf(xv[e], wv[e], acc[m]);
+      }
+    }
+    if (v0 + step * DSK_J < vecs) fetch(v0 + step * DSK_J);
+  }
+#pragma unroll
+  for (int m = 0; m < NM; m++) {
+    const float t = warp_sum(acc[m]);
+    if (lane == 0) part[warp][m] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < DSK_WARPS / G * NM) {
+    const int set = threadIdx.x / NM, m = threadIdx.x % NM;
+    float t = 0.0f;
+    for (int g = 0; g < G; g++) t += part[set * G + g][m];
+    sums[set][m] = t;
+  }
+  __syncthreads();
+}
+
+// y [n] = x · Wᵀ (one row; x given).
+template <class X, class W>
+__device__ __forceinline__ void dsk_gemv(const void* x, const void* w, void* y, int ydt, i64 n, i64 k, int G) {
+  __shared__ float sums[DSK_WARPS][1];
+  const int sets = DSK_WARPS / G;
+  const i64 row0 = (i64)blockIdx.x * sets;
+  dsk_sums<X, W, 1>(x, NormIn{}, &w, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
+  if (threadIdx.x < sets && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, sums[threadIdx.x][0]);
+}
+
+// y [n] = act(x·Gᵀ) · (x·Uᵀ) (see glu_out), x given or made from a NormIn.
+template <class X, class W>
+__device__ __forceinline__ void dsk_glu(const void* x, const void* wg, const void* wu, void* y, int ydt, int gdt,
+                                        int act, i64 n, i64 k, int G, const NormIn& nin) {
+  __shared__ float sums[DSK_WARPS][2];
+  const int sets = DSK_WARPS / G;
+  const i64 row0 = (i64)blockIdx.x * sets;
+  const void* w[2] = {wg, wu};
+  dsk_sums<X, W, 2>(x, nin, w, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
+  if (threadIdx.x < sets && row0 + threadIdx.x < n)
+    stf(y, ydt, row0 + threadIdx.x, glu_out(sums[threadIdx.x][0], sums[threadIdx.x][1], gdt, act));
+}
+
+// Up to three products of one x (dgemv3's parameters and meaning: rows taken in turn, biases,
+// x given or made from a NormIn), a set a row.
+template <class X, class W>
+__device__ __forceinline__ void dsk_gemv3(const void* x, const void* w0, void* y0, i64 n0, const void* w1, void* y1,
+                                          i64 n1, const void* w2, void* y2, i64 n2, int ydt, i64 k, int G,
+                                          const NormIn& nin, const void* b0, const void* b1, const void* b2) {
+  __shared__ float sums[DSK_WARPS][1];
+  const int sets = DSK_WARPS / G;
+  // Set `set`'s matrix, output, bias and row within its matrix (n: that matrix's rows).
+  auto locate = [&](int set, const void** w, void** y, const void** b, i64* row, i64* n) {
+    *row = (i64)blockIdx.x * sets + set;
+    *w = w0; *y = y0; *b = b0; *n = n0;
+    if (*row >= n0 + n1) { *row -= n0 + n1; *w = w2; *y = y2; *b = b2; *n = n2; }
+    else if (*row >= n0) { *row -= n0; *w = w1; *y = y1; *b = b1; *n = n1; }
+  };
+  const void *w, *b;
+  void* y;
+  i64 row, n;
+  locate((threadIdx.x >> 5) / G, &w, &y, &b, &row, &n);
+  dsk_sums<X, W, 1>(x, nin, &w, row, n, k, G, sums);
+  if (threadIdx.x < sets) {
+    locate(threadIdx.x, &w, &y, &b, &row, &n);
+    if (row < n) stf(y, ydt, row, with_bias(sums[threadIdx.x][0], b, ydt, row));
+  }
+}
+
+#define DSK(XN, X, WN, W)                                                                                             \
+  extern "C" __global__ void dsk_gemv_##XN##_##WN(const void* x, const void* w, void* y, int ydt, i64 n, i64 k,      \
+                                                  int g) {                                                            \
+    dsk_gemv<X, W>(x, w, y, ydt, n, k, g);                                                                            \
+  }                                                                                                                   \
+  extern "C" __global__ void dsk_glu_##XN##_##WN(const void* x, const void* wg, const void* wu, void* y, int ydt,     \
+                                                 int gdt, int act, i64 n, i64 k, int g, NORM_IN_PARAMS) {             \
+    dsk_glu<X, W>(x, wg, wu, y, ydt, gdt, act, n, k, g, NORM_IN);                                                     \
+  }                                                                                                                   \
+  extern "C" __global__ void dsk_gemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
+                                                   void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,       \
+                                                   i64 k, int g, NORM_IN_PARAMS, const void* b0, const void* b1,      \
+                                                   const void* b2) {                                                  \
+    dsk_gemv3<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k, g, NORM_IN, b0, b1, b2);                          \
+  }
+DSK(f16, F16, f16, F16)
+DSK(f16, F16, bf16, BF16)
+DSK(bf16, BF16, f16, F16)
+DSK(bf16, BF16, bf16, BF16)
+
 // Entry points `{family}_{x}_{variant}_{MR}_{R}`: qgemv/qglu (variant = bits), dgemv/dglu
 // (variant = weight dtype); (MR, R) in {(1, 1), (1, 2), (1, 4), (8, 1)}.
 #define QGEMV(XN, X, BITS, MR, R)                                                                                     \

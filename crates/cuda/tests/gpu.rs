@@ -743,6 +743,48 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(8.0), Tolerance::for_dtype(act)],
         });
     }
+    // The loads-first dense GEMVs with each count of warps splitting k (k up to 1024, 2048,
+    // 4096 and past 8192, which takes a second batch), n not a multiple of a block's rows: a
+    // product, and a GLU whose add + RMSNorm it computes.
+    for (act, wdt, k, n) in [
+        (DType::F16, DType::F16, 1152usize, 37usize),
+        (DType::BF16, DType::BF16, 3000, 13),
+        (DType::F16, DType::BF16, 4864, 21),
+        (DType::BF16, DType::F16, 8448, 9),
+    ] {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[1, 1, k]);
+        let y = projection(&mut b, x, 81, (n, k), (0, 0), wdt);
+        let graph = one_launch(&b.finish(&[y]), "a dense product");
+        cases.push(OpCase {
+            name: format!("dense gemv {act} w{wdt} k {k} n {n}"),
+            graph,
+            inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &noise(82, k)).unwrap()],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
+        });
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", act, &[1, 1, k]);
+        let d = b.input("d", act, &[1, 1, k]);
+        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(83, k)).unwrap());
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
+        let g = projection(&mut b, x, 84, (n, k), (0, 0), wdt);
+        let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
+        let u = projection(&mut b, x, 85, (n, k), (0, 0), wdt);
+        let y = b.mul(g, u).unwrap();
+        let graph = one_launch(&b.finish(&[y, sum]), "add, norm and a dense GLU");
+        cases.push(OpCase {
+            name: format!("fused add+norm+dense glu {act} w{wdt} k {k} n {n}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[1, 1, k], &noise(86, k)).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &noise(87, k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(8.0), Tolerance::for_dtype(act)],
+        });
+    }
     // Tall products and a tall GLU, so each tensor-core block loops over several 16-row tiles,
     // in each group size (what MLXCEL_TC_PACK's scale order depends on).
     for (act, group) in [(DType::F16, 32usize), (DType::BF16, 64), (DType::F16, 128)] {

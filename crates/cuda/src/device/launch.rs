@@ -579,6 +579,20 @@ pub fn node(
             ];
             let rows = batch * m;
             if *transpose_b && sb.len() == 2 && rows <= GEMV_ROWS && k % 8 == 0 && input(1).dtype.size() == 2 {
+                let (xdt, wdt) = (input(0).dtype, input(1).dtype);
+                if let Some(g) = dense_split(xdt, rows, nn, k) {
+                    let name = intern(format!("dsk_gemv_{}_{}", fsuffix(xdt)?, fsuffix(wdt)?));
+                    let args = [
+                        Ptr(ptr(0)),
+                        Ptr(ptr(1)),
+                        Ptr(out),
+                        I32(fcode(node.dtype)?),
+                        I64(nn as i64),
+                        I64(k as i64),
+                        I32(g as i32),
+                    ];
+                    return gpu.launch(name, dsk_blocks(nn, g), DSK_THREADS, 0, &args);
+                }
                 let l = gemv_kernel("dgemv", input(0).dtype, fsuffix(input(1).dtype)?, rows, nn, k)?;
                 let args = [
                     Ptr(ptr(0)),
@@ -1214,10 +1228,27 @@ pub(crate) fn fused(
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
+                    let staged = match norm {
+                        // The launch computes x, so it stages it.
+                        Some(_) => dense_staging(k).ok_or_else(|| no_staging("dense GLU"))?,
+                        None => 0,
+                    };
+                    if let Some(split) = dense_split(xdt, rows, n, k) {
+                        let name = intern(format!("dsk_glu_{}_{w}", fsuffix(xdt)?));
+                        let mut args = vec![
+                            Ptr(at(x.index())),
+                            Ptr(at(input(*g, 1))),
+                            Ptr(at(input(*u, 1))),
+                            Ptr(at(i)),
+                        ];
+                        args.extend(codes);
+                        args.extend([I64(n as i64), I64(k as i64), I32(split as i32)]);
+                        args.extend(norm_in_args(graph, norm, at)?);
+                        return gpu.launch(name, dsk_blocks(n, split), DSK_THREADS, staged, &args);
+                    }
                     let mut l = gemv_kernel("dglu", xdt, w, rows, n, k)?;
                     if norm.is_some() {
-                        // The launch computes x, so it stages it.
-                        l.smem = dense_staging(k).ok_or_else(|| no_staging("dense GLU"))?;
+                        l.smem = staged;
                     }
                     let mut args = vec![
                         Ptr(at(x.index())),
@@ -1506,22 +1537,58 @@ pub(crate) fn fused(
                     gpu.launch_gemv(&l, &args)
                 }
                 _ => {
-                    args.extend([I32(fcode(first.dtype)?), I64(k as i64)]);
-                    args.extend(norm_in_args(graph, norm, at)?);
-                    args.extend(bias_args);
-                    let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
-                    let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
-                    // One weight row a warp, four warps a block; x staged where the launch
-                    // computes it.
+                    // x staged where the launch computes it.
                     let smem = match norm {
                         Some(_) => dense_staging(k).ok_or_else(|| no_staging("fused dense products"))?,
                         None => 0,
                     };
-                    gpu.launch(name, total.div_ceil(4) as u32, 128, smem, &args)
+                    let split = dense_split(x.dtype, 1, total, k);
+                    args.extend([I32(fcode(first.dtype)?), I64(k as i64)]);
+                    args.extend(split.map(|g| I32(g as i32)));
+                    args.extend(norm_in_args(graph, norm, at)?);
+                    args.extend(bias_args);
+                    let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
+                    match split {
+                        Some(g) => {
+                            let name = intern(format!("dsk_gemv3_{}_{w}", fsuffix(x.dtype)?));
+                            gpu.launch(name, dsk_blocks(total, g), DSK_THREADS, smem, &args)
+                        }
+                        None => {
+                            // One weight row a warp, four warps a block.
+                            let name = intern(format!("dgemv3_{}_{w}", fsuffix(x.dtype)?));
+                            gpu.launch(name, total.div_ceil(4) as u32, 128, smem, &args)
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// Threads a block of the loads-first dense GEMVs (gemv.cu, DSK_WARPS warps).
+const DSK_THREADS: u32 = 8 * 32;
+
+/// The warps that split k for each row (G) of the loads-first dense GEMVs (gemv.cu `dsk_*`) for
+/// one row of 16-bit x by an [n, k] 16-bit weight, where they take it: the fewest (1, 2, 4 or
+/// 8) that hold a row in one batch of 4 words a lane (k ≤ 1024·G), so a row is one memory round
+/// trip. Not for the LM head's width (n ≥ 32768 keeps `dgemv`, near the copy bandwidth there)
+/// unless `MLXCEL_DENSE_SK=all`; `MLXCEL_DENSE_SK=0` keeps the warp-a-row kernels throughout.
+fn dense_split(x: mlxcel_core::DType, rows: usize, n: usize, k: usize) -> Option<usize> {
+    use mlxcel_core::DType;
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("MLXCEL_DENSE_SK").as_deref() {
+        Ok("0") => None,
+        Ok("all") => Some(true),
+        _ => Some(false),
+    });
+    let wide = mode?;
+    let fits = rows == 1 && matches!(x, DType::F16 | DType::BF16) && k.is_multiple_of(8) && (wide || n < 32768);
+    fits.then(|| k.div_ceil(1024).next_power_of_two().min(8))
+}
+
+/// Blocks of a loads-first dense GEMV over n rows, 8 / g rows a block.
+fn dsk_blocks(n: usize, g: usize) -> u32 {
+    n.div_ceil(8 / g) as u32
 }
 
 /// A fused pattern found for a dense GEMV that stages x, where x does not fit.
