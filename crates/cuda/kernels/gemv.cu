@@ -246,7 +246,8 @@ __device__ __forceinline__ void ddot(const typename X::T* __restrict__ x, int m,
 // The input of a GEMV (a tensor-core one, or a dense one that stages x) that computes
 // x = rms_norm(a + b) · (w or 1 + w) itself while staging it (a null: x is given): the sum,
 // rounded to x's dtype, is the residual stream, which block 0 writes to s. a, b and s in x's
-// dtype; w in wdt.
+// dtype; w in wdt. With pw set, b is first normalized itself, rms_norm(b) · (pw or 1 + pw)
+// rounded to x's dtype (a sandwich norm: Gemma's post-attention and post-feed-forward norms).
 struct NormIn {
   const void* a;
   const void* b;
@@ -255,9 +256,37 @@ struct NormIn {
   int wdt;
   float eps;
   float off;
+  const void* pw;
+  int pwdt;
+  float peps;
+  float poff;
 };
-#define NORM_IN_PARAMS const void *na, const void *nb, void *ns, const void *nw, int nwdt, float neps, int noff
-#define NORM_IN NormIn{na, nb, ns, nw, nwdt, neps, noff ? 1.0f : 0.0f}
+#define NORM_IN_PARAMS                                                                                                \
+  const void *na, const void *nb, void *ns, const void *nw, int nwdt, float neps, int noff, const void *npw,          \
+      int npwdt, float npeps, int npoff
+#define NORM_IN NormIn{na, nb, ns, nw, nwdt, neps, noff ? 1.0f : 0.0f, npw, npwdt, npeps, npoff ? 1.0f : 0.0f}
+
+// 1 / rms of a NormIn's b [k] where b is normalized first (pw set), else 1: a block-wide sum
+// (every thread of the block calls it).
+template <class X> __device__ __forceinline__ float norm_in_pre_inv(const NormIn& nin, i64 k) {
+  if (!nin.pw) return 1.0f;
+  float ss = 0.0f;
+  for (i64 r = threadIdx.x; r < k / 8; r += blockDim.x) {
+    float f[8];
+    ldx8<X>((const typename X::T*)nin.b + 8 * r, f);
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+  }
+  return rsqrtf(block_sum(ss) / (float)k + nin.peps);
+}
+// Values [8r, 8r + 8) of b as the residual sum reads them: b, or its norm (pinv from
+// norm_in_pre_inv).
+template <class X> __device__ __forceinline__ void norm_in_b(const NormIn& nin, float pinv, i64 r, float* fb) {
+  ldx8<X>((const typename X::T*)nin.b + 8 * r, fb);
+  if (!nin.pw) return;
+#pragma unroll
+  for (int e = 0; e < 8; e++) fb[e] = round_to(fb[e] * pinv * (ldf(nin.pw, nin.pwdt, 8 * r + e) + nin.poff), X::DT);
+}
 
 // The sum of each 16 values of the staged row xf [k], into xf [k ..): shared by the stagings.
 __device__ __forceinline__ const float* stage_sums(float* xf, i64 k) {
@@ -301,11 +330,12 @@ __device__ __forceinline__ const float* stage_xf_in(const void* x, const NormIn&
   extern __shared__ float4 staged[];
   float* xf = (float*)staged;
   typedef typename X::T T;
+  const float pinv = norm_in_pre_inv<X>(nin, k);
   float ss = 0.0f;
   for (i64 i = threadIdx.x; i < k / 8; i += blockDim.x) {
     float a[8], b[8];
     ldx8<X>((const T*)nin.a + 8 * i, a);
-    ldx8<X>((const T*)nin.b + 8 * i, b);
+    norm_in_b<X>(nin, pinv, i, b);
 #pragma unroll
     for (int e = 0; e < 8; e++) {
       const float v = round_to(a[e] + b[e], X::DT);
@@ -534,13 +564,16 @@ GATHER_QGEMV_X(bf16, BF16)
 // per 2048 values per matrix and another for the norm.
 #define DSK_WARPS 8
 #define DSK_J 4
+// Four blocks an SM (at most 64 registers), so a GLU of 4864 rows (608 blocks) mostly runs in
+// one wave.
+#define DSK_CAP __launch_bounds__(DSK_WARPS * 32, 4)
 
 // Lane sums of set rows into sums [DSK_WARPS / G][NM] (shared, whole after the call's last
-// barrier): matrix m's row `row` (n rows, w[m] of [n, k]) for this warp's set; row >= n sets
-// compute nothing but reach every barrier.
+// barrier): row `row` of w0 (and of w1, a GLU's up, for NM = 2), each [n, k], for this warp's
+// set; row >= n sets compute nothing but reach every barrier.
 template <class X, class W, int NM>
-__device__ __forceinline__ void dsk_sums(const void* x, const NormIn& nin, const void* const* w, i64 row, i64 n, i64 k,
-                                         int G, float (*sums)[NM]) {
+__device__ __forceinline__ void dsk_sums(const void* x, const NormIn& nin, const void* w0, const void* w1, i64 row,
+                                         i64 n, i64 k, int G, float (*sums)[NM]) {
   __shared__ float part[DSK_WARPS][NM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 vecs = k / 8, step = 32 * G, first = (warp % G) * 32 + lane;
@@ -552,7 +585,7 @@ __device__ __forceinline__ void dsk_sums(const void* x, const NormIn& nin, const
       const i64 v = v0 + j * step;
 #pragma unroll
       for (int m = 0; m < NM; m++)
-        if (live && v < vecs) q[m][j] = __ldcs((const uint4*)((const unsigned short*)w[m] + row * k) + v);
+        if (live && v < vecs) q[m][j] = __ldcs((const uint4*)((const unsigned short*)(m ? w1 : w0) + row * k) + v);
     }
   };
   fetch(first);
@@ -603,7 +636,7 @@ __device__ __forceinline__ void dsk_gemv(const void* x, const void* w, void* y, 
   __shared__ float sums[DSK_WARPS][1];
   const int sets = DSK_WARPS / G;
   const i64 row0 = (i64)blockIdx.x * sets;
-  dsk_sums<X, W, 1>(x, NormIn{}, &w, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
+  dsk_sums<X, W, 1>(x, NormIn{}, w, w, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
   if (threadIdx.x < sets && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, sums[threadIdx.x][0]);
 }
 
@@ -614,8 +647,7 @@ __device__ __forceinline__ void dsk_glu(const void* x, const void* wg, const voi
   __shared__ float sums[DSK_WARPS][2];
   const int sets = DSK_WARPS / G;
   const i64 row0 = (i64)blockIdx.x * sets;
-  const void* w[2] = {wg, wu};
-  dsk_sums<X, W, 2>(x, nin, w, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
+  dsk_sums<X, W, 2>(x, nin, wg, wu, row0 + (threadIdx.x >> 5) / G, n, k, G, sums);
   if (threadIdx.x < sets && row0 + threadIdx.x < n)
     stf(y, ydt, row0 + threadIdx.x, glu_out(sums[threadIdx.x][0], sums[threadIdx.x][1], gdt, act));
 }
@@ -639,7 +671,7 @@ __device__ __forceinline__ void dsk_gemv3(const void* x, const void* w0, void* y
   void* y;
   i64 row, n;
   locate((threadIdx.x >> 5) / G, &w, &y, &b, &row, &n);
-  dsk_sums<X, W, 1>(x, nin, &w, row, n, k, G, sums);
+  dsk_sums<X, W, 1>(x, nin, w, w, row, n, k, G, sums);
   if (threadIdx.x < sets) {
     locate(threadIdx.x, &w, &y, &b, &row, &n);
     if (row < n) stf(y, ydt, row, with_bias(sums[threadIdx.x][0], b, ydt, row));
@@ -647,15 +679,15 @@ __device__ __forceinline__ void dsk_gemv3(const void* x, const void* w0, void* y
 }
 
 #define DSK(XN, X, WN, W)                                                                                             \
-  extern "C" __global__ void dsk_gemv_##XN##_##WN(const void* x, const void* w, void* y, int ydt, i64 n, i64 k,      \
+  extern "C" __global__ void DSK_CAP dsk_gemv_##XN##_##WN(const void* x, const void* w, void* y, int ydt, i64 n, i64 k,      \
                                                   int g) {                                                            \
     dsk_gemv<X, W>(x, w, y, ydt, n, k, g);                                                                            \
   }                                                                                                                   \
-  extern "C" __global__ void dsk_glu_##XN##_##WN(const void* x, const void* wg, const void* wu, void* y, int ydt,     \
+  extern "C" __global__ void DSK_CAP dsk_glu_##XN##_##WN(const void* x, const void* wg, const void* wu, void* y, int ydt,     \
                                                  int gdt, int act, i64 n, i64 k, int g, NORM_IN_PARAMS) {             \
     dsk_glu<X, W>(x, wg, wu, y, ydt, gdt, act, n, k, g, NORM_IN);                                                     \
   }                                                                                                                   \
-  extern "C" __global__ void dsk_gemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
+  extern "C" __global__ void DSK_CAP dsk_gemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
                                                    void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,       \
                                                    i64 k, int g, NORM_IN_PARAMS, const void* b0, const void* b1,      \
                                                    const void* b2) {                                                  \
@@ -805,11 +837,12 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
     return;
   }
   union Word { uint4 u; typename X::T h[8]; };
+  const float pinv = norm_in_pre_inv<X>(nin, k);
   float ss = 0.0f;
   for (i64 r = threadIdx.x; r < k / 8; r += blockDim.x) {
     float fa[8], fb[8];
     unpack8<X>(((const uint4*)nin.a)[r], fa);
-    unpack8<X>(((const uint4*)nin.b)[r], fb);
+    norm_in_b<X>(nin, pinv, r, fb);
     Word sw;
 #pragma unroll
     for (int e = 0; e < 8; e++) {

@@ -743,12 +743,53 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(8.0), Tolerance::for_dtype(act)],
         });
     }
+    // Gemma's sandwich: the sublayer's output normalized (1 + w), added to the residual and the
+    // sum normalized again, all inside the launch of what reads it: 4-bit q/k/v products on the
+    // tensor cores (Gemma 3 1B's width), and a dense GLU with x staged.
+    for (act, bits, k) in [(DType::BF16, 4u32, 1152usize), (DType::F16, 0, 896)] {
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", act, &[1, 1, k]);
+        let d = b.input("d", act, &[1, 1, k]);
+        let pw = b.parameter("post", HostTensor::from_f32(act, &[k], &noise(91, k)).unwrap());
+        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(92, k)).unwrap());
+        let d = b.rms_norm(d, pw, 1e-6, true).unwrap();
+        let sum = b.add(h, d).unwrap();
+        let x = b.rms_norm(sum, nw, 1e-6, true).unwrap();
+        let mut outs = if bits == 4 {
+            [(93u64, 64usize), (94, 32), (95, 32)]
+                .into_iter()
+                .map(|(seed, n)| projection(&mut b, x, seed, (n, k), (4, 64), act))
+                .collect()
+        } else {
+            let g = projection(&mut b, x, 96, (48, k), (0, 0), act);
+            let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
+            let u = projection(&mut b, x, 97, (48, k), (0, 0), act);
+            vec![b.mul(g, u).unwrap()]
+        };
+        let products = outs.len();
+        outs.push(sum);
+        let graph = one_launch(&b.finish(&outs), "a sandwich norm, the add, the norm and what reads it");
+        cases.push(OpCase {
+            name: format!("fused sandwich norm+add+norm {act} bits {bits} k {k}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[1, 1, k], &noise(98, k)).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &noise(99, k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: [
+                vec![Tolerance::for_dtype(act).scaled(8.0); products],
+                vec![Tolerance::for_dtype(act)],
+            ]
+            .concat(),
+        });
+    }
     // The loads-first dense GEMVs with each count of warps splitting k (k up to 1024, 2048,
     // 4096 and past 8192, which takes a second batch), n not a multiple of a block's rows: a
     // product, and a GLU whose add + RMSNorm it computes.
     for (act, wdt, k, n) in [
         (DType::F16, DType::F16, 1152usize, 37usize),
-        (DType::BF16, DType::BF16, 3000, 13),
+        (DType::BF16, DType::BF16, 3008, 13),
         (DType::F16, DType::BF16, 4864, 21),
         (DType::BF16, DType::F16, 8448, 9),
     ] {

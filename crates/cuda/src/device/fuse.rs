@@ -90,11 +90,29 @@ pub enum Fused {
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
-/// `add` the residual sum it normalizes (absorbed; the GEMV writes it).
+/// `add` the residual sum it normalizes (absorbed; the GEMV writes it); `pre` a norm that makes
+/// one of the sum's operands and only it reads (absorbed: a sandwich norm, Gemma's
+/// post-attention and post-feed-forward norms), which the GEMV computes too.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NormIn {
     pub norm: usize,
     pub add: usize,
+    pub pre: Option<usize>,
+}
+
+impl NormIn {
+    /// The sum's operands as the GEMV reads them: the other operand, then the pre-norm's input
+    /// and weight where one normalizes the second; else both operands.
+    pub fn reads(&self, graph: &Graph) -> Vec<NodeId> {
+        let sum = &graph.nodes[self.add];
+        match self.pre {
+            Some(p) => {
+                let other = sum.inputs.iter().copied().find(|v| v.index() != p);
+                other.into_iter().chain(graph.nodes[p].inputs.iter().copied()).collect()
+            }
+            None => sum.inputs.clone(),
+        }
+    }
 }
 
 pub struct Fusion {
@@ -279,7 +297,7 @@ impl Fusion {
             };
             // A GEMV computing its own input reads the sum's operands and the norm's weight.
             if let Some(n) = norm {
-                extra.extend(graph.nodes[n.add].inputs.iter().copied());
+                extra.extend(n.reads(graph));
                 extra.push(graph.nodes[n.norm].inputs[1]);
             }
             g.nodes[i].inputs.extend(extra);
@@ -760,6 +778,8 @@ fn product_biases(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, parts: &[
 /// and the norm all in one dtype (16-bit for 4-bit weights), one row, and nothing reading the
 /// sum before the launch writes it.
 fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    // `MLXCEL_CUDA_FUSE_SANDWICH=0` leaves the sandwich norms (NormIn::pre) as their own launches.
+    let sandwich = !std::env::var("MLXCEL_CUDA_FUSE_SANDWICH").is_ok_and(|v| v == "0");
     for r in 0..graph.nodes.len() {
         let Some(Fused::AddRmsNorm { add }) = f.anchored[r] else {
             continue;
@@ -815,7 +835,15 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         if !ok {
             continue;
         }
-        let normed = Some(NormIn { norm: r, add });
+        let pre = if sandwich {
+            sandwich_norm(graph, consumers, f, add)
+        } else {
+            None
+        };
+        if let Some(p) = pre {
+            f.absorbed[p] = true;
+        }
+        let normed = Some(NormIn { norm: r, add, pre });
         match f.anchored[anchor].as_mut() {
             Some(Fused::Glu { norm, .. }) | Some(Fused::Products { norm, .. }) => *norm = normed,
             _ => unreachable!("the anchor was matched above"),
@@ -823,6 +851,28 @@ fn find_normed_inputs(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         f.anchored[r] = None;
         f.absorbed[r] = true;
     }
+}
+
+/// The plain RMSNorm making one operand of residual sum `add` (the sum's only reader, in the
+/// sum's dtype and shape, a standalone launch so far), which the GEMV computing rms_norm(sum)
+/// can compute too (NormIn::pre); the second operand where both are.
+fn sandwich_norm(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, add: usize) -> Option<usize> {
+    let sum = &graph.nodes[add];
+    sum.inputs.iter().rev().map(|v| v.index()).find(|&p| {
+        let n = &graph.nodes[p];
+        if !matches!(n.op, Op::RmsNorm { .. }) {
+            return false;
+        }
+        let x = graph.node(n.inputs[0]);
+        consumers[p] == [add]
+            && !f.absorbed[p]
+            && f.anchored[p].is_none()
+            && n.dtype == sum.dtype
+            && n.shape == sum.shape
+            && x.dtype == sum.dtype
+            && x.shape == sum.shape
+            && graph.node(n.inputs[1]).dtype.is_float()
+    })
 }
 
 /// Gate and up products the GLU kernels take: same x, same weight shape and format, few rows.
@@ -1004,7 +1054,14 @@ mod tests {
         let (graph, [sum, norm], p) = normed_products(false);
         let f = Fusion::find(&graph);
         match &f.anchored[p[2]] {
-            Some(Fused::Products { norm: Some(n), .. }) => assert_eq!(*n, NormIn { norm, add: sum }),
+            Some(Fused::Products { norm: Some(n), .. }) => assert_eq!(
+                *n,
+                NormIn {
+                    norm,
+                    add: sum,
+                    pre: None
+                }
+            ),
             other => panic!("expected products computing their input, got {other:?}"),
         }
         assert!(f.absorbed[norm] && f.absorbed[sum] && f.anchored[norm].is_none());
@@ -1078,7 +1135,14 @@ mod tests {
             }) => {
                 assert_eq!(parts, &p);
                 assert_eq!(b, &biases);
-                assert_eq!(*n, Some(NormIn { norm, add: sum }));
+                assert_eq!(
+                    *n,
+                    Some(NormIn {
+                        norm,
+                        add: sum,
+                        pre: None
+                    })
+                );
             }
             other => panic!("expected biased products at the last sum, got {other:?}"),
         }
@@ -1099,6 +1163,40 @@ mod tests {
             other => panic!("expected the products alone, got {other:?}"),
         }
         assert!(biases.iter().all(|&s| !f.absorbed[s]));
+    }
+
+    #[test]
+    fn a_sandwich_norm_before_the_add_joins_the_products_launch() {
+        let k = 256;
+        let mut b = GraphBuilder::default();
+        let h = b.input("h", DType::F16, &[1, 1, k]);
+        let d = b.input("d", DType::F16, &[1, 1, k]);
+        let w = b.parameter("w", HostTensor::from_f32(DType::F16, &[k], &vec![0.5; k]).unwrap());
+        let post = b.rms_norm(d, w, 1e-6, true).unwrap();
+        let sum = b.add(h, post).unwrap();
+        let x = b.rms_norm(sum, w, 1e-6, true).unwrap();
+        let mut outs: Vec<NodeId> = [64usize, 32, 32]
+            .into_iter()
+            .map(|n| {
+                let (q, s, z) = zero_weights(&mut b, &[n], k);
+                b.quantized_matmul(x, q, s, z, 4, 64).unwrap()
+            })
+            .collect();
+        let last = outs[2].index();
+        outs.push(sum);
+        let graph = b.finish(&outs);
+        let f = Fusion::find(&graph);
+        let want = NormIn {
+            norm: x.index(),
+            add: sum.index(),
+            pre: Some(post.index()),
+        };
+        assert!(matches!(&f.anchored[last], Some(Fused::Products { norm: Some(n), .. }) if *n == want));
+        assert!(f.absorbed[post.index()]);
+        // The launch reads h, and d and the weight the sandwich norm reads, not its output.
+        let planned = f.planning_graph(&graph);
+        let reads = &planned.nodes[last].inputs;
+        assert!([h, d, w].iter().all(|v| reads.contains(v)) && !reads.contains(&post));
     }
 
     #[test]

@@ -1610,26 +1610,56 @@ fn no_tensor_cores(what: &str) -> mlxcel_core::Error {
     ))
 }
 
-/// gemv.cu's NORM_IN_PARAMS for a GEMV that stages x: the add + RMSNorm it computes its input from,
-/// or nulls (x given).
+/// gemv.cu's NORM_IN_PARAMS for a GEMV that stages x: the add + RMSNorm it computes its input
+/// from (and the sandwich norm of one operand, NormIn::pre), or nulls (x given).
 fn norm_in_args(graph: &Graph, norm: &Option<super::fuse::NormIn>, at: &dyn Fn(usize) -> u64) -> Result<Vec<Arg>> {
     use Arg::{Ptr, F32, I32};
     let Some(n) = norm else {
-        return Ok(vec![Ptr(0), Ptr(0), Ptr(0), Ptr(0), I32(0), F32(0.0), I32(0)]);
+        return Ok(vec![
+            Ptr(0),
+            Ptr(0),
+            Ptr(0),
+            Ptr(0),
+            I32(0),
+            F32(0.0),
+            I32(0),
+            Ptr(0),
+            I32(0),
+            F32(0.0),
+            I32(0),
+        ]);
     };
-    let Op::RmsNorm { eps, unit_offset } = graph.nodes[n.norm].op else {
-        unreachable!("NormIn holds a norm")
+    let rms = |j: usize| match graph.nodes[j].op {
+        Op::RmsNorm { eps, unit_offset } => (eps, unit_offset),
+        _ => unreachable!("NormIn holds norms"),
     };
-    let (sum, w) = (&graph.nodes[n.add], graph.nodes[n.norm].inputs[1]);
-    Ok(vec![
-        Ptr(at(sum.inputs[0].index())),
-        Ptr(at(sum.inputs[1].index())),
+    let (eps, unit_offset) = rms(n.norm);
+    let w = graph.nodes[n.norm].inputs[1];
+    // a, b: with a pre-norm, b is its input (NormIn::reads), its weight follows.
+    let reads = n.reads(graph);
+    let mut args = vec![
+        Ptr(at(reads[0].index())),
+        Ptr(at(reads[1].index())),
         Ptr(at(n.add)),
         Ptr(at(w.index())),
         I32(fcode(graph.node(w).dtype)?),
         F32(eps),
         I32(i32::from(unit_offset)),
-    ])
+    ];
+    match n.pre {
+        Some(p) => {
+            let (peps, poff) = rms(p);
+            let pw = reads[2];
+            args.extend([
+                Ptr(at(pw.index())),
+                I32(fcode(graph.node(pw).dtype)?),
+                F32(peps),
+                I32(i32::from(poff)),
+            ]);
+        }
+        None => args.extend([Ptr(0), I32(0), F32(0.0), I32(0)]),
+    }
+    Ok(args)
 }
 
 /// rope.cu's leading parameters, shared by `rope` and `rope_kv_write`: x, its dtype, the

@@ -107,12 +107,22 @@ impl Profiler {
     }
 }
 
+/// The label of what a GEMV computes its input from: the add + RMSNorm, and a sandwich norm
+/// before the add.
+fn normed(norm: &Option<super::fuse::NormIn>) -> &'static str {
+    match norm {
+        Some(n) if n.pre.is_some() => "rms_norm+add+rms_norm+",
+        Some(_) => "add+rms_norm+",
+        None => "",
+    }
+}
+
 /// Op name, plus `[rows x cols]` of the weight for matrix products.
 pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     let node = &graph.nodes[i];
     match fused {
         Some(Fused::Glu { g, norm, .. }) => {
-            let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
+            let pre = normed(norm);
             return format!("fused {pre}gate·up+act·mul ({})", family(graph, *g, None));
         }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
@@ -130,7 +140,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         }
         Some(Fused::RopeAttention { .. }) => return format!("{} (rope and kv_write in)", family(graph, i, None)),
         Some(Fused::Products { parts, biases, norm }) => {
-            let pre = if norm.is_some() { "add+rms_norm+" } else { "" };
+            let pre = normed(norm);
             let post = if biases.is_empty() { "" } else { "+bias" };
             let last = *parts.last().expect("fused products have parts");
             return format!(
