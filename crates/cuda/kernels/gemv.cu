@@ -564,9 +564,6 @@ GATHER_QGEMV_X(bf16, BF16)
 // per 2048 values per matrix and another for the norm.
 #define DSK_WARPS 8
 #define DSK_J 4
-// Four blocks an SM (at most 64 registers), so a GLU of 4864 rows (608 blocks) mostly runs in
-// one wave.
-#define DSK_CAP __launch_bounds__(DSK_WARPS * 32, 4)
 
 // Lane sums of set rows into sums [DSK_WARPS / G][NM] (shared, whole after the call's last
 // barrier): row `row` of w0 (and of w1, a GLU's up, for NM = 2), each [n, k], for this warp's
@@ -679,15 +676,15 @@ __device__ __forceinline__ void dsk_gemv3(const void* x, const void* w0, void* y
 }
 
 #define DSK(XN, X, WN, W)                                                                                             \
-  extern "C" __global__ void DSK_CAP dsk_gemv_##XN##_##WN(const void* x, const void* w, void* y, int ydt, i64 n, i64 k,      \
+  extern "C" __global__ void dsk_gemv_##XN##_##WN(const void* x, const void* w, void* y, int ydt, i64 n, i64 k,      \
                                                   int g) {                                                            \
     dsk_gemv<X, W>(x, w, y, ydt, n, k, g);                                                                            \
   }                                                                                                                   \
-  extern "C" __global__ void DSK_CAP dsk_glu_##XN##_##WN(const void* x, const void* wg, const void* wu, void* y, int ydt,     \
+  extern "C" __global__ void dsk_glu_##XN##_##WN(const void* x, const void* wg, const void* wu, void* y, int ydt,     \
                                                  int gdt, int act, i64 n, i64 k, int g, NORM_IN_PARAMS) {             \
     dsk_glu<X, W>(x, wg, wu, y, ydt, gdt, act, n, k, g, NORM_IN);                                                     \
   }                                                                                                                   \
-  extern "C" __global__ void DSK_CAP dsk_gemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
+  extern "C" __global__ void dsk_gemv3_##XN##_##WN(const void* x, const void* w0, void* y0, i64 n0, const void* w1,  \
                                                    void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt,       \
                                                    i64 k, int g, NORM_IN_PARAMS, const void* b0, const void* b1,      \
                                                    const void* b2) {                                                  \
