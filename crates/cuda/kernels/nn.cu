@@ -376,8 +376,6 @@ __device__ __forceinline__ void splits_done(const float* part, int* ticket, i64 
 // row to finish merges them (splits_done), or attention_combine does where the launch passes no
 // tickets. The length is read from device memory, so the grid is fixed for replay.
 #define ATT_MAXD 256
-// Keys a warp requests together in the split kernel (see its loop).
-#define ATT_U 4
 // KV: the cache's storage type, so its loads are plain typed loads that issue together (see
 // attention_split_kv for the dispatch on kdt).
 template <bool PAGED, class KV>
@@ -416,54 +414,26 @@ __device__ __forceinline__ void attention_split_rows(const void* q, int qdt, con
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  // A warp takes keys j0 + warp, + 4, + 8, ... in batches of ATT_U: every key and value of a
-  // batch requested before any is used, so a split of n keys costs about n / (4 · ATT_U) memory
-  // round trips rather than n / 4.
-  const T* kt = (const T*)k;
-  const T* vt = (const T*)v;
-  for (i64 jb = j0 + warp; jb < j1; jb += 4 * ATT_U) {
-    float kk[ATT_U][ATT_MAXD / 32], vv[ATT_U][ATT_MAXD / 32];
+  for (i64 j = j0 + warp; j < j1; j += 4) {
+    float dot = 0.0f, vv[ATT_MAXD / 32];
+    const i64 kr = krow(j);
+    const T* kt = (const T*)k;
+    const T* vt = (const T*)v;
 #pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
-      const i64 j = jb + 4 * u;
-      const bool in = j < j1;
-      const i64 kr = in ? krow(j) : 0;
-#pragma unroll
-      for (int i = 0; i < ATT_MAXD / 32; i++) {
-        const i64 c = lane + 32 * i;
-        kk[u][i] = in && c < d ? KV::ld(kt, kr * d + c) : 0.0f;
-        vv[u][i] = in && c < dv ? KV::ld(vt, kr * dv + c) : 0.0f;
-      }
+    for (int i = 0; i < ATT_MAXD / 32; i++) {  // the key and its value requested together
+      const i64 c = lane + 32 * i;
+      if (c < d) dot += qv[i] * KV::ld(kt, kr * d + c);
+      vv[i] = c < dv ? KV::ld(vt, kr * dv + c) : 0.0f;
     }
-    float sc[ATT_U];
-#pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int i = 0; i < ATT_MAXD / 32; i++) dot += qv[i] * kk[u][i];
-      sc[u] = warp_sum(dot) * scale;
-      if (softcap > 0.0f) sc[u] = softcap * tanhf(sc[u] / softcap);
-      if (jb + 4 * u >= j1) sc[u] = -INFINITY;
-    }
-    float mn = m;
-#pragma unroll
-    for (int u = 0; u < ATT_U; u++) mn = fmaxf(mn, sc[u]);
-    const float corr = expf(m - mn);  // sc[0] is a live key's, so mn is finite
-    float e[ATT_U];
-    l *= corr;
-#pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
-      e[u] = expf(sc[u] - mn);
-      l += e[u];
-    }
+    float sc = warp_sum(dot) * scale;
+    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+    const float mn = fmaxf(m, sc);
+    const float corr = expf(m - mn), e = expf(sc - mn);
+    l = l * corr + e;
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) {
       const i64 c = lane + 32 * i;
-      if (c >= dv) continue;
-      float a = acc[i] * corr;
-#pragma unroll
-      for (int u = 0; u < ATT_U; u++) a += e[u] * vv[u][i];
-      acc[i] = a;
+      if (c < dv) acc[i] = acc[i] * corr + e * vv[i];
     }
     m = mn;
   }
