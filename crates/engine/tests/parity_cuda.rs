@@ -27,6 +27,7 @@ fn cuda_matches_mlx_lm_on_the_parity_fixtures() {
         ("qwen3-q4g64", 0.05),
         ("qwen3-q4g128-f32norms", 0.05),
         ("qwen3_moe-q4g64", 0.05),
+        ("qwen2_moe-q4g64", 0.05),
         ("gemma2-softcap-bf16", 0.02),
         ("gemma3-text-bf16", 0.02),
         ("gemma3-text-q4g64", 0.05),
