@@ -1042,7 +1042,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
 // 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
-// x given or computed from a NormIn.
+// x given or computed from a NormIn; a non-null b0/b1/b2 is that product's bias (with_bias).
 #define TC_QGEMV3(XN, X, SUF, CAP)                                                                                    \
   extern "C" __global__ void CAP tc_qgemv3_##XN##_4##SUF(                                                             \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \

@@ -295,10 +295,13 @@ impl Fusion {
                 }
                 Some(Fused::RopeAttention { q, k, v }) => (rope_qkv_reads(graph, *q, *k, *v, false), &None),
             };
-            // A GEMV computing its own input reads the sum's operands and the norm's weight.
+            // A GEMV computing its own input reads the sum's operands (or the pre-norm's input
+            // and weight for one, NormIn::reads) and the norm's weight, and writes the sum,
+            // whose buffer must stay its own until then even where only the norm read it.
             if let Some(n) = norm {
                 extra.extend(n.reads(graph));
                 extra.push(graph.nodes[n.norm].inputs[1]);
+                extra.push(NodeId(n.add as u32));
             }
             g.nodes[i].inputs.extend(extra);
         }
@@ -633,17 +636,18 @@ fn same_values(graph: &Graph, a: NodeId, b: NodeId) -> bool {
     }
 }
 
-/// Groups one-row products of the same x that the tensor-core GEMV takes (same k, group, scale
-/// and output dtypes; rows a multiple of its 16-row tile) into launches of up to three: the
-/// anchor is the group's last product, and an earlier one joins only if nothing reads it before
-/// the anchor.
+/// Groups one-row products of the same x that one GEMV launch takes (4-bit on the tensor cores:
+/// same k, group, scale and output dtypes, rows a multiple of its 16-row tile; or dense 16-bit)
+/// into launches of up to three: the anchor is the group's last product, and an earlier one
+/// joins only if nothing reads it before the anchor. Where every product has a bias sum
+/// ([`product_biases`]), the anchor moves to the last of those sums.
 fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     use std::collections::HashMap;
     let eligible = |i: usize| -> bool {
         let node = &graph.nodes[i];
         let product = matches!(node.op, Op::QuantizedMatMul { .. } | Op::MatMul { transpose_b: true });
         // Weights must be parameters: an earlier product's own inputs are not kept alive until
-        // the anchor (x is the anchor's input too).
+        // the anchor (x is, as the planning graph's extra input of the anchor).
         if !product || f.absorbed[i] || f.anchored[i].is_some() {
             return false;
         }
@@ -717,7 +721,7 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             for &p in parts.iter().chain(&biases) {
                 f.absorbed[p] = true;
             }
-            let at = biases.last().copied().unwrap_or(anchor);
+            let at = biases.iter().copied().max().unwrap_or(anchor);
             f.absorbed[at] = false;
             f.anchored[at] = Some(Fused::Products {
                 parts,
@@ -1071,7 +1075,7 @@ mod tests {
         let want: Vec<NodeId> = [graph.nodes[p[2]].inputs[0]]
             .into_iter()
             .chain(graph.nodes[sum].inputs.iter().copied())
-            .chain([graph.nodes[norm].inputs[1]])
+            .chain([graph.nodes[norm].inputs[1], NodeId(sum as u32)])
             .collect();
         assert_eq!(extra, &want[..]);
     }

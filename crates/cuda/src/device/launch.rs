@@ -1565,8 +1565,10 @@ pub(crate) fn fused(
     }
 }
 
-/// Threads a block of the loads-first dense GEMVs (gemv.cu, DSK_WARPS warps).
-const DSK_THREADS: u32 = 8 * 32;
+/// Warps a block of the loads-first dense GEMVs (gemv.cu's DSK_WARPS, which must agree), and
+/// its threads.
+const DSK_WARPS: usize = 8;
+const DSK_THREADS: u32 = DSK_WARPS as u32 * 32;
 
 /// The warps that split k for each row (G) of the loads-first dense GEMVs (gemv.cu `dsk_*`) for
 /// one row of 16-bit x by an [n, k] 16-bit weight, where they take it: the fewest (1, 2, 4 or
@@ -1583,12 +1585,12 @@ fn dense_split(x: mlxcel_core::DType, rows: usize, n: usize, k: usize) -> Option
     });
     let wide = mode?;
     let fits = rows == 1 && matches!(x, DType::F16 | DType::BF16) && k.is_multiple_of(8) && (wide || n < 32768);
-    fits.then(|| k.div_ceil(1024).next_power_of_two().min(8))
+    fits.then(|| k.div_ceil(1024).next_power_of_two().min(DSK_WARPS))
 }
 
-/// Blocks of a loads-first dense GEMV over n rows, 8 / g rows a block.
+/// Blocks of a loads-first dense GEMV over n rows, DSK_WARPS / g rows a block.
 fn dsk_blocks(n: usize, g: usize) -> u32 {
-    n.div_ceil(8 / g) as u32
+    n.div_ceil(DSK_WARPS / g) as u32
 }
 
 /// A fused pattern found for a dense GEMV that stages x, where x does not fit.
