@@ -150,6 +150,62 @@ fn graph_only_on_cuda_counts_the_launches_after_fusion() {
     );
 }
 
+/// The decode launches of a parity fixture's model on CUDA (graph-only), by kernel family.
+fn fixture_families(case: &str) -> Vec<(String, u64)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/parity")
+        .join(case);
+    let j = json(&[
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "--graph-only",
+        "--device",
+        "cuda",
+        "--json",
+    ]);
+    let families = j["launches_by_family"].as_array().expect("launches_by_family");
+    families
+        .iter()
+        .map(|f| {
+            (
+                f["kernel"].as_str().unwrap().to_string(),
+                f["launches"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn graph_only_shows_biases_and_sandwich_norms_folded_into_the_products() {
+    if !cfg!(feature = "cuda") {
+        return;
+    }
+    // Qwen2's q/k/v biases: added by the fused products' launch, no add of their own.
+    let qwen2 = fixture_families("qwen2-bias-tied-bf16");
+    assert!(qwen2.iter().any(|(k, _)| k.contains("3 products+bias")), "{qwen2:?}");
+    assert!(
+        !qwen2
+            .iter()
+            .any(|(k, _)| k.starts_with("add f16") || k.starts_with("add bf16")),
+        "{qwen2:?}"
+    );
+    // Gemma 3's post-attention and post-feed-forward norms: inside the GEMV after the residual
+    // add; at most the first layer's input norm and the last layer's post-feed-forward norm
+    // (whose add + norm feeds the LM head) run alone, of five layers' ten.
+    let gemma = fixture_families("gemma3-text-bf16");
+    assert!(
+        gemma.iter().any(|(k, _)| k.starts_with("fused rms_norm+add+rms_norm+")),
+        "{gemma:?}"
+    );
+    let alone: u64 = gemma
+        .iter()
+        .filter(|(k, _)| k.starts_with("rms_norm"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(alone <= 2, "{alone} RMSNorms launched alone: {gemma:?}");
+}
+
 #[test]
 fn graph_only_counts_the_batched_serve_step() {
     let base = [
