@@ -234,6 +234,26 @@ fn projection(
     b.quantized_matmul(x, packed, sc, bi, bits, group).unwrap()
 }
 
+/// rms_norm(h + d) over inputs h and d [1, 1, k] of `act`, with a noise weight [k] in `nwdt`
+/// from `seed` (`unit`: 1 + w, Gemma's form), eps 1e-6: the residual sum and the norm.
+fn normed_sum(
+    b: &mut mlxcel_core::GraphBuilder,
+    act: mlxcel_core::DType,
+    nwdt: mlxcel_core::DType,
+    k: usize,
+    seed: u64,
+    unit: bool,
+) -> (mlxcel_core::NodeId, mlxcel_core::NodeId) {
+    let h = b.input("h", act, &[1, 1, k]);
+    let d = b.input("d", act, &[1, 1, k]);
+    let nw = b.parameter(
+        "norm",
+        mlxcel_core::HostTensor::from_f32(nwdt, &[k], &noise(seed, k)).unwrap(),
+    );
+    let sum = b.add(h, d).unwrap();
+    (sum, b.rms_norm(sum, nw, 1e-6, unit).unwrap())
+}
+
 /// The decode patterns the CUDA backend fuses (gated MLP over quantized and dense weights,
 /// residual add + RMSNorm) and the GEMV kernels, in several dtypes and row counts, against the
 /// CPU backend (which runs the plain ops).
@@ -544,11 +564,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         (DType::F16, DType::F16, false, 576),
     ] {
         let mut b = GraphBuilder::default();
-        let h = b.input("h", act, &[1, 1, k]);
-        let d = b.input("d", act, &[1, 1, k]);
-        let nw = b.parameter("norm", HostTensor::from_f32(nwdt, &[k], &noise(15, k)).unwrap());
-        let sum = b.add(h, d).unwrap();
-        let x = b.rms_norm(sum, nw, 1e-6, unit).unwrap();
+        let (sum, x) = normed_sum(&mut b, act, nwdt, k, 15, unit);
         let mut outs: Vec<_> = [(16u64, 96usize), (17, 32), (18, 32)]
             .into_iter()
             .map(|(seed, n)| projection(&mut b, x, seed, (n, k), (4, 64), act))
@@ -684,11 +700,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         (DType::BF16, 4, 256),
     ] {
         let mut b = GraphBuilder::default();
-        let h = b.input("h", act, &[1, 1, k]);
-        let d = b.input("d", act, &[1, 1, k]);
-        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(61, k)).unwrap());
-        let sum = b.add(h, d).unwrap();
-        let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
+        let (sum, x) = normed_sum(&mut b, act, act, k, 61, false);
         let widths = [(62u64, 64usize), (63, 32), (64, 32)];
         let products: Vec<_> = widths
             .iter()
@@ -722,11 +734,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             continue;
         }
         let mut b = GraphBuilder::default();
-        let h = b.input("h", act, &[1, 1, k]);
-        let d = b.input("d", act, &[1, 1, k]);
-        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(67, k)).unwrap());
-        let sum = b.add(h, d).unwrap();
-        let x = b.rms_norm(sum, nw, 1e-6, true).unwrap();
+        let (sum, x) = normed_sum(&mut b, act, act, k, 67, true);
         let g = projection(&mut b, x, 68, (96, k), (0, 0), act);
         let g = b.silu(g).unwrap();
         let u = projection(&mut b, x, 69, (96, k), (0, 0), act);
@@ -805,11 +813,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
         });
         let mut b = GraphBuilder::default();
-        let h = b.input("h", act, &[1, 1, k]);
-        let d = b.input("d", act, &[1, 1, k]);
-        let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &noise(83, k)).unwrap());
-        let sum = b.add(h, d).unwrap();
-        let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
+        let (sum, x) = normed_sum(&mut b, act, act, k, 83, false);
         let g = projection(&mut b, x, 84, (n, k), (0, 0), wdt);
         let g = b.unary(mlxcel_core::UnaryOp::GeluTanh, g).unwrap();
         let u = projection(&mut b, x, 85, (n, k), (0, 0), wdt);

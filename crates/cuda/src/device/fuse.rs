@@ -732,13 +732,20 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     }
 }
 
-/// `v` with the reshapes (aliases) that lead to it followed back: the parameter a bias vector
-/// [n] is, where the graph added it to a [.., n] product through a reshape to [1, .., n].
-pub(crate) fn bias_vector(graph: &Graph, mut v: NodeId) -> NodeId {
+/// What sum `sum` (two operands, one of them `product`) adds to the product: its other operand,
+/// with the reshapes (aliases) that lead to it followed back, so a bias vector [n] the graph
+/// added to a [.., n] product through a reshape to [1, .., n] is the vector itself. None where
+/// `product` is not exactly one of the two operands.
+pub(crate) fn sum_bias(graph: &Graph, sum: usize, product: usize) -> Option<NodeId> {
+    let mut v = match graph.nodes[sum].inputs[..] {
+        [l, r] if l.index() == product && r.index() != product => r,
+        [l, r] if r.index() == product && l.index() != product => l,
+        _ => return None,
+    };
     while matches!(graph.node(v).op, Op::Reshape) {
         v = graph.node(v).inputs[0];
     }
-    v
+    Some(v)
 }
 
 /// The bias sums of fused products (`parts[j] + b_j`, each product's only reader, with b_j a
@@ -749,12 +756,7 @@ fn product_biases(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, parts: &[
         let [a] = consumers[p][..] else { return None };
         let sum = graph.nodes.get(a)?;
         let product = &graph.nodes[p];
-        let other = match sum.inputs[..] {
-            [l, r] if l.index() == p && r.index() != p => r,
-            [l, r] if r.index() == p && l.index() != p => l,
-            _ => return None,
-        };
-        let b = graph.node(bias_vector(graph, other));
+        let b = graph.node(sum_bias(graph, a, p)?);
         let ok = matches!(sum.op, Op::Binary(BinaryOp::Add))
             && matches!(b.op, Op::Parameter { .. })
             && b.shape[..] == product.shape[product.shape.len() - 1..]

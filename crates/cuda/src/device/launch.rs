@@ -1228,11 +1228,7 @@ pub(crate) fn fused(
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
-                    let staged = match norm {
-                        // The launch computes x, so it stages it.
-                        Some(_) => dense_staging(k).ok_or_else(|| no_staging("dense GLU"))?,
-                        None => 0,
-                    };
+                    let staged = norm_staging(norm, k, "dense GLU")?;
                     if let Some(split) = dense_split(xdt, rows, n, k) {
                         let name = intern(format!("dsk_glu_{}_{w}", fsuffix(xdt)?));
                         let mut args = vec![
@@ -1493,14 +1489,10 @@ pub(crate) fn fused(
                     }
                 }
             }
-            // gemv.cu's b0, b1, b2: each sum's bias vector (the operand that is not the product,
-            // a parameter or a reshape of one).
+            // gemv.cu's b0, b1, b2: each sum's bias vector.
             let bias_args: Vec<Arg> = (0..3)
                 .map(|slot| match (parts.get(slot), biases.get(slot)) {
-                    (Some(&p), Some(&s)) => {
-                        let b = graph.nodes[s].inputs.iter().find(|v| v.index() != p);
-                        Ptr(b.map_or(0, |&b| at(super::fuse::bias_vector(graph, b).index())))
-                    }
+                    (Some(&p), Some(&s)) => Ptr(super::fuse::sum_bias(graph, s, p).map_or(0, |b| at(b.index()))),
                     _ => Ptr(0),
                 })
                 .collect();
@@ -1537,11 +1529,7 @@ pub(crate) fn fused(
                     gpu.launch_gemv(&l, &args)
                 }
                 _ => {
-                    // x staged where the launch computes it.
-                    let smem = match norm {
-                        Some(_) => dense_staging(k).ok_or_else(|| no_staging("fused dense products"))?,
-                        None => 0,
-                    };
+                    let smem = norm_staging(norm, k, "fused dense products")?;
                     let split = dense_split(x.dtype, 1, total, k);
                     args.extend([I32(fcode(first.dtype)?), I64(k as i64)]);
                     args.extend(split.map(|g| I32(g as i32)));
@@ -1593,9 +1581,16 @@ fn dsk_blocks(n: usize, g: usize) -> u32 {
     n.div_ceil(DSK_WARPS / g) as u32
 }
 
-/// A fused pattern found for a dense GEMV that stages x, where x does not fit.
-fn no_staging(what: &str) -> mlxcel_core::Error {
-    mlxcel_core::Error::Backend(format!("{what}: fused for a GEMV that stages x, which does not fit"))
+/// The shared memory of a dense GEMV launch (`what`) that computes its input from `norm`, so
+/// stages it (dense_staging); 0 where x is given. An error where x does not fit, which the
+/// fusion that found the pattern checked.
+fn norm_staging(norm: &Option<super::fuse::NormIn>, k: usize, what: &str) -> Result<u32> {
+    match norm {
+        Some(_) => dense_staging(k).ok_or_else(|| {
+            mlxcel_core::Error::Backend(format!("{what}: fused for a GEMV that stages x, which does not fit"))
+        }),
+        None => Ok(0),
+    }
 }
 
 /// The shared memory a dense one-row GEMV stages x [k] in (as f32, with its 16-value sums;
