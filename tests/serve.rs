@@ -524,33 +524,37 @@ fn long_stream() -> Value {
 #[test]
 fn a_client_that_drops_mid_stream_frees_its_blocks() {
     let s = serve(&[]);
-    let stream = open_stream(&s.addr, &long_stream());
-    let h = health(&s.addr);
-    assert!(
-        h["free_blocks"].as_u64() < h["total_blocks"].as_u64(),
-        "the stream holds blocks: {h}"
-    );
-    let steps_at_drop = h["steps"].as_u64().unwrap();
-    drop(stream);
-    let start = Instant::now();
-    let h = loop {
+    // A try whose request ran to its 200th token before the server heard of the drop (a
+    // stalled HTTP thread on a busy machine) shows nothing, and is run again.
+    let conclusive = (0..5).any(|_| {
+        let stream = open_stream(&s.addr, &long_stream());
         let h = health(&s.addr);
-        if h["free_blocks"] == h["total_blocks"] {
-            break h;
+        assert!(
+            h["free_blocks"].as_u64() < h["total_blocks"].as_u64(),
+            "the stream holds blocks: {h}"
+        );
+        let (steps_at_drop, dropped_before) = (h["steps"].as_u64().unwrap(), h["dropped"].as_u64().unwrap());
+        drop(stream);
+        let h = wait_all_blocks_free(&s.addr);
+        assert_eq!(h["in_flight"], 0);
+        assert_eq!(h["running"], 0);
+        let steps = h["steps"].as_u64().unwrap() - steps_at_drop;
+        let dropped = h["dropped"].as_u64().unwrap() - dropped_before;
+        eprintln!("stream dropped: blocks back {steps} steps later (dropped {dropped})");
+        if dropped == 0 {
+            return false;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "blocks never came back: {h}");
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    let steps = h["steps"].as_u64().unwrap() - steps_at_drop;
-    eprintln!("stream dropped: blocks back {steps} steps later");
-    // hyper sees the connection's read EOF and drops the response; the engine thread checks
-    // for gone receivers before every step. The count starts from the counters published
-    // before the drop (one step stale at most), and a step of this tiny model (well under a
-    // millisecond) can beat the socket's news, so 1–2 here is "within one step" of the drop;
-    // 200 tokens would be ~200 steps.
-    assert!(steps <= 3, "blocks freed {steps} steps after the drop");
-    assert_eq!(h["in_flight"], 0);
-    assert_eq!(h["running"], 0);
+        // Cancelled, not finished: the engine counts a request it dropped for a gone
+        // receiver. It frees such blocks within one step (worker.rs tests that without a
+        // socket); the socket's news itself takes as long as hyper and tokio take on this
+        // machine, so the steps printed above are no bound (CI saw 4 on two busy cores).
+        assert_eq!(dropped, 1, "{h}");
+        true
+    });
+    assert!(
+        conclusive,
+        "every try's stream ran to its end before the server saw the drop"
+    );
 }
 
 #[test]

@@ -188,6 +188,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {
         "running": get(&s.running),
         "waiting": get(&s.waiting),
         "preemptions": get(&s.preemptions),
+        "dropped": get(&s.dropped),
         "in_flight": state.in_flight.load(Ordering::SeqCst),
     }))
 }

@@ -26,6 +26,9 @@ pub struct Stats {
     pub running: AtomicU64,
     pub waiting: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Requests ended early because their receiver went away (the client closed, or a stop
+    /// string ended the text on the HTTP side).
+    pub dropped: AtomicU64,
 }
 
 fn publish(stats: &Stats, b: &Batcher) {
@@ -63,6 +66,7 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
             let open = !tx.is_closed();
             if !open {
                 batcher.cancel(id);
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
             }
             open
         });
