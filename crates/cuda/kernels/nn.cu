@@ -865,6 +865,175 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
 ATTENTION_GQA_ONLINE(4)
 ATTENTION_GQA_ONLINE(8)
 
+// Decode attention a query head a block with several keys in flight a warp (attention_split's
+// grid, parameters and partials; MLXCEL_ATT_LANES=1, off until measured on a GPU). attention_split
+// takes a key a warp at a time, so each warp waits a round trip a key. Here LPK lanes take a key,
+// 8 channels a lane (one 16-byte load of the key and one of its value), so a warp holds 32 / LPK
+// keys, and each such slot takes U keys at a time with every load issued before any is used.
+// Each slot keeps an online softmax (running max m, sum l, and its channels' output rescaled as
+// m grows); the block's 4 · 32 / LPK slots merge in shared memory. Heads of D = 8 · LPK channels
+// for q, k and v alike; 16-bit caches (KV), 16-byte aligned rows.
+template <int LPK, int U, bool PAGED, class KV>
+__device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, const void* k, const void* v,
+                                                     const void* kv_len, int len_kind, int len_count, float* part,
+                                                     i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
+                                                     float softcap, i64 chunk, int* error, int tag, KvPages pg,
+                                                     const RopeIn& rp) {
+  constexpr int D = 8 * LPK, KPW = 32 / LPK, SLOTS = 4 * KPW;
+  typedef typename KV::T T;
+  __shared__ float wm[SLOTS], wl[SLOTS], wf[SLOTS], wacc[SLOTS][D];
+  const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c0 = (lane % LPK) * 8, slot = warp * KPW + lane / LPK;
+  float* out = part + (row * splits + split) * (D + 2);
+  if (rp.k) rp.write((void*)k, (void*)v, KV::DT, bi, hkv, kvh, s, D, D, split, chunk, error, tag);
+  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
+  if (len < 1 || len > s) {
+    if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);
+    if (threadIdx.x == 0) { out[0] = -INFINITY; out[1] = 0.0f; }
+    for (i64 c = threadIdx.x; c < D; c += blockDim.x) out[2 + c] = 0.0f;
+    return;
+  }
+  // The one query sits at the last position: causal or not, it sees [lo_key, len).
+  (void)causal;
+  const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
+  const i64 j0 = split * chunk > lo_key ? split * chunk : lo_key;
+  const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
+  const i64 kbase = (bi * hkv + kvh) * s;
+  float qv[8], acc[8];
+  const float qpos = rp.k ? rp.position(bi) : 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    qv[e] = rp.k ? rp.rotated(q, qdt, row * D, c0 + e, qpos) : ldf(q, qdt, row * D + c0 + e);
+    acc[e] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  // The trip count is the same in every lane, so the shuffles below see the whole warp.
+  for (i64 jb = j0; jb < j1; jb += SLOTS * U) {
+    unsigned kw[U][4], vw[U][4];
+    bool live[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {  // every key and value of the round requested together
+      const i64 j = jb + u * SLOTS + slot;
+      live[u] = j < j1;
+      if (live[u]) {
+        const i64 kr = PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j;
+        const uint4 a = *(const uint4*)((const T*)k + kr * D + c0), b = *(const uint4*)((const T*)v + kr * D + c0);
+        kw[u][0] = a.x, kw[u][1] = a.y, kw[u][2] = a.z, kw[u][3] = a.w;
+        vw[u][0] = b.x, vw[u][1] = b.y, vw[u][2] = b.z, vw[u][3] = b.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) kw[u][i] = vw[u][i] = 0u;
+      }
+    }
+    float sc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float kf[8];
+      run_floats<8>(kw[u], KV::DT, kf);
+      sc[u] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) sc[u] += qv[e] * kf[e];
+    }
+#pragma unroll
+    for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+    float mn = m;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      sc[u] *= scale;
+      if (softcap > 0.0f) sc[u] = softcap * tanhf(sc[u] / softcap);
+      if (!live[u]) sc[u] = -INFINITY;
+      mn = fmaxf(mn, sc[u]);
+    }
+    if (mn == -INFINITY) continue;  // no key of this slot yet (no shuffles follow)
+    const float corr = expf(m - mn);  // 0 while m is -inf
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const float p = expf(sc[u] - mn);  // 0 for a key past the range
+      float vf[8];
+      run_floats<8>(vw[u], KV::DT, vf);
+      l += p;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[e] += p * vf[e];
+    }
+    m = mn;
+  }
+  if (c0 == 0) { wm[slot] = m; wl[slot] = l; }
+#pragma unroll
+  for (int e = 0; e < 8; e++) wacc[slot][c0 + e] = acc[e];
+  __syncthreads();
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < SLOTS; i++) mx = fmaxf(mx, wm[i]);
+  if (threadIdx.x < SLOTS) wf[threadIdx.x] = wm[threadIdx.x] == -INFINITY ? 0.0f : expf(wm[threadIdx.x] - mx);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SLOTS; i++) tot += wl[i] * wf[i];
+    out[0] = mx;
+    out[1] = tot;
+  }
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SLOTS; i++) o += wacc[i][c] * wf[i];
+    out[2 + c] = o;
+  }
+}
+template <int LPK, bool PAGED>
+__device__ __forceinline__ void attention_lanes(const void* q, int qdt, const void* k, const void* v, int kdt,
+                                                const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
+                                                i64 hkv, i64 s, float scale, int causal, i64 window, float softcap,
+                                                i64 chunk, int* error, int tag, KvPages pg,
+                                                const RopeIn& rp = RopeIn{}) {
+  constexpr int U = LPK <= 8 ? 2 : 4;  // keys a slot has in flight: 8 a warp for 64 channels, 4 for 128 and 256
+  if (kdt == 1)
+    attention_lanes_rows<LPK, U, PAGED, F16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
+                                             causal, window, softcap, chunk, error, tag, pg, rp);
+  else
+    attention_lanes_rows<LPK, U, PAGED, BF16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
+                                              causal, window, softcap, chunk, error, tag, pg, rp);
+}
+// attention_lanes_{D}, _paged_{D} and _rope_{D}: attention_split's, attention_split_paged's and
+// attention_split_rope's parameters (d and dv unused: both D).
+#define ATTENTION_LANES(D)                                                                                             \
+  extern "C" __global__ void attention_lanes_##D(                                                                      \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
+    attention_lanes<D / 8, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,    \
+                                  window, softcap, chunk, error, tag, KvPages{});                                      \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_lanes_paged_##D(                                                                \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, \
+      i64 blocks) {                                                                                                    \
+    attention_lanes<D / 8, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,     \
+                                 window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});   \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_lanes_rope_##D(                                                                 \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag, ROPE_PARAMS) {                                        \
+    attention_lanes<D / 8, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,    \
+                                  window, softcap, chunk, error, tag, KvPages{}, ROPE_IN);                             \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+  }
+ATTENTION_LANES(32)
+ATTENTION_LANES(64)
+ATTENTION_LANES(128)
+ATTENTION_LANES(256)
+
 // A decode layer's three small kernels before attention as one launch: rope of q [B, Hq, T, D]
 // into q_out (as rope), rope of k [B, H, T, D] into its cache (as rope_kv_write) and v
 // [B, H, T, Dv] into its cache (as kv_write), all in dtype dt; q and k share positions and

@@ -1032,6 +1032,8 @@ fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
         Attn { batch: 1, kv_heads: 2, gqa: 7, d: 64, dv: 64, t: 1, causal: true, window: None, softcap: None, per_batch_len: false, cap: 300, at: None },
         Attn { batch: 2, kv_heads: 1, gqa: 4, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300, at: None },
         Attn { batch: 1, kv_heads: 4, gqa: 8, d: 128, dv: 128, t: 1, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200, at: None },
+        // Gemma-wide heads in groups of 8 (on CUDA: the per-head kernel at 256 channels).
+        Attn { batch: 2, kv_heads: 1, gqa: 8, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300, at: None },
         // Prefill chunks in real head sizes (on CUDA: the tensor-core kernel, several tiles of
         // 64 queries and of 64 keys, the last ones partial): after earlier context, from the
         // start, with a window and softcap over batch rows of different lengths, unmasked.

@@ -934,8 +934,11 @@ pub fn node(
                         a.b * a.hkv,
                         4 * (4 * chunk + 4 * 4 * 32 * lane + 2 * 4),
                     ),
-                    None if paged => ("attention_split_paged", rows, 0),
-                    None => ("attention_split", rows, 0),
+                    None => match lanes_attention_kernel(graph, i, if paged { "_paged" } else { "" }) {
+                        Some(name) => (name, rows, 0),
+                        None if paged => ("attention_split_paged", rows, 0),
+                        None => ("attention_split", rows, 0),
+                    },
                 };
                 let name = match rope {
                     Some(_) => rope_attention_kernel(graph, i)
@@ -1985,8 +1988,30 @@ pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static 
         Some(_) if online_attention() => None,
         Some(4) => Some("attention_gqa_rope_4"),
         Some(_) => Some("attention_gqa_rope_8"),
-        None => Some("attention_split_rope"),
+        None => lanes_attention_kernel(graph, i, "_rope").or(Some("attention_split_rope")),
     }
+}
+
+/// `MLXCEL_ATT_LANES=1`: the per-head decode attention with several keys in flight a warp
+/// (nn.cu, `attention_lanes{variant}_{D}`: a key every D / 8 lanes, a 16-byte load of it and of
+/// its value a lane) for node `i` where it applies: one query position, q, k and v heads of one
+/// width D of 32, 64, 128 or 256 channels, 16-bit caches. `variant` is "", "_paged" or "_rope",
+/// as for attention_split. Off by default until measured on a GPU.
+fn lanes_attention_kernel(graph: &Graph, i: usize, variant: &str) -> Option<&'static str> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch(&ON, "MLXCEL_ATT_LANES", false)
+        .then(|| lanes_kernel_for(graph, i, variant))
+        .flatten()
+}
+
+/// [`lanes_attention_kernel`] with the switch on.
+fn lanes_kernel_for(graph: &Graph, i: usize, variant: &str) -> Option<&'static str> {
+    use mlxcel_core::DType;
+    let a = attention_shape(graph, i)?;
+    let node = &graph.nodes[i];
+    let kv = graph.node(node.inputs[1]).dtype;
+    let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 32 | 64 | 128 | 256) && matches!(kv, DType::F16 | DType::BF16);
+    (fits && graph.node(node.inputs[2]).dtype == kv).then(|| intern(format!("attention_lanes{variant}_{}", a.d)))
 }
 
 /// Whether a decode attention's split kernel merges its partials itself (the last block of a
@@ -2359,6 +2384,31 @@ mod tests {
             let g = b.finish(&[y]);
             let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
             assert_eq!(decode_attention_splits(&g, i), Some(want), "{rows} rows of {positions}");
+        }
+    }
+
+    #[test]
+    fn the_lanes_kernel_takes_one_16_bit_head_width_at_decode() {
+        // (cache dtype, q/k width, v width, positions of queries): the kernel's name or none.
+        let cases = [
+            (DType::F16, 64, 64, 1, Some("attention_lanes_64")),
+            (DType::BF16, 256, 256, 1, Some("attention_lanes_256")),
+            (DType::F16, 32, 32, 1, Some("attention_lanes_32")),
+            (DType::F32, 64, 64, 1, None),
+            (DType::F16, 96, 96, 1, None),
+            (DType::F16, 128, 64, 1, None),
+            (DType::F16, 64, 64, 5, None),
+        ];
+        for (dt, d, dv, t, want) in cases {
+            let mut b = GraphBuilder::default();
+            let q = b.input("q", dt, &[1, 8, t, d]);
+            let len = b.input("len", DType::I32, &[1]);
+            let k = b.state("k", dt, &[1, 1, 40, d]);
+            let v = b.state("v", dt, &[1, 1, 40, dv]);
+            let y = b.attention(q, k, v, len, 0.1, true, None, None).unwrap();
+            let g = b.finish(&[y]);
+            let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+            assert_eq!(lanes_kernel_for(&g, i, ""), want, "{dt} {d}/{dv} t={t}");
         }
     }
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU, written 2026-12-06 (14) without device time: the per-head decode attention with several
+# keys in flight a warp (nn.cu attention_lanes_{32,64,128,256}, MLXCEL_ATT_LANES=1, off by
+# default). First the checks with it on: every op case (the decode attention cases at 32, 64,
+# 128 and 256 channels, paged and with the folded rope among them) and parity_cuda; then the
+# default checks. Then decode side by side, lanes off and on, on the presets whose attention is
+# the per-head kernel (qwen2.5-0.5b and llama-3.2-1b: 64-wide heads; qwen3-30b-a3b: groups of
+# 8), also with 64 keys a split; and Nsight's per-kernel step of the 0.5B with it on.
+# Stage: ../shared/gpu/stage, prune .gpu/tests to gpu-test and parity_cuda-test, the gzipped
+# PTX cache in .gpu/extra.
+source "$(dirname "$0")/common.sh"
+unpack_ptx
+{
+t0=$SECONDS
+echo "== checks with MLXCEL_ATT_LANES=1"
+MLXCEL_ATT_LANES=1 MLXCEL_REQUIRE_CUDA=1 timeout 170 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
+grep -E "test result|FAILED" /tmp/tests.txt | head
+grep -A20 "panicked" /tmp/tests.txt | head -60
+MLXCEL_ATT_LANES=1 MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+grep -E "test result|panicked" -A3 /tmp/parity.txt | head
+echo "== default checks [t=$((SECONDS - t0))]"
+MLXCEL_REQUIRE_CUDA=1 timeout 170 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
+grep -E "test result|FAILED" /tmp/tests.txt | head
+grep -A20 "panicked" /tmp/tests.txt | head -40
+MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+grep -E "test result|panicked" -A3 /tmp/parity.txt | head
+echo "== side by side [t=$((SECONDS - t0))]"
+for r in 1 2; do
+  bench "q05-split-$r" qwen2.5-0.5b-bf16
+  bench "q05-lanes-$r" qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1
+done
+bench "q05-lanes-keys64" qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1 MLXCEL_ATT_KEYS=64
+bench "l1b-split" llama-3.2-1b-4bit
+bench "l1b-lanes" llama-3.2-1b-4bit MLXCEL_ATT_LANES=1
+bench "moe-split" qwen3-30b-a3b-4bit
+bench "moe-lanes" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1
+bench "moe-lanes-keys64" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1 MLXCEL_ATT_KEYS=64
+echo "[t=$((SECONDS - t0))]"
+SKIP=1500 COUNT=1500 ncu_step q05-lanes qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1
+echo "[t=$((SECONDS - t0))]"
+tail -3 /tmp/bench.err
+} > $OUT/report.txt 2>&1
+cat $OUT/report.txt
