@@ -5,7 +5,8 @@
 # 128 and 256 channels, paged and with the folded rope among them) and parity_cuda; then the
 # default checks. Then decode side by side, lanes off and on, on the presets whose attention is
 # the per-head kernel (qwen2.5-0.5b and llama-3.2-1b: 64-wide heads; qwen3-30b-a3b: groups of
-# 8), also with 64 keys a split; and Nsight's per-kernel step of the 0.5B with it on.
+# 8), also with 64 keys a split; serve's 64-row step with the online grouped attention
+# (MLXCEL_ATT_ONLINE=1) against the default; and Nsight's per-kernel step of the 0.5B with lanes on.
 # Stage: ../shared/gpu/stage, prune .gpu/tests to gpu-test and parity_cuda-test, the gzipped
 # PTX cache in .gpu/extra.
 source "$(dirname "$0")/common.sh"
@@ -35,6 +36,9 @@ bench "l1b-lanes" llama-3.2-1b-4bit MLXCEL_ATT_LANES=1
 bench "moe-split" qwen3-30b-a3b-4bit
 bench "moe-lanes" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1
 bench "moe-lanes-keys64" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1 MLXCEL_ATT_KEYS=64
+echo "== serve's 64-row step: the grouped paged attention as it is and online (never measured at 64 rows) [t=$((SECONDS - t0))]"
+batch 64
+batch 64 MLXCEL_ATT_ONLINE=1
 echo "[t=$((SECONDS - t0))]"
 SKIP=1500 COUNT=1500 ncu_step q05-lanes qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1
 echo "[t=$((SECONDS - t0))]"
