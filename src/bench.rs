@@ -53,10 +53,13 @@ fn validate(a: &BenchArgs) -> Result<()> {
         ensure!(value > 0, "{flag} {value}: must be at least 1");
     }
     if let Some(b) = a.batch {
-        ensure!(b > 0, "--batch {b}: must be at least 1");
+        ensure!((1..=MAX_BATCH).contains(&b), "--batch {b}: must be 1 to {MAX_BATCH}");
     }
     Ok(())
 }
+
+/// The most rows `--batch` times (serve's own batches are far smaller).
+const MAX_BATCH: usize = 1024;
 
 /// The model to bench, loaded under `policy` for `device`, and how the table names it.
 fn model(
@@ -124,6 +127,13 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     };
     let (policy, _) = crate::dtype::resolve(global.dtype.as_deref(), global.model.as_deref())?;
     let ((model, plan), what) = model(global, &a, policy, device)?;
+    ensure!(
+        context <= model.spec.max_position,
+        "-p {} plus -g {} exceeds the model's context of {} positions",
+        a.prompt,
+        a.gen,
+        model.spec.max_position
+    );
     let Some(backend) = backend else {
         return graph_only(global, &a, model, &plan, device, &what, context);
     };

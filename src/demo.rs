@@ -161,11 +161,21 @@ pub fn run(c: &DemoConfig, backend: &dyn Backend, prompt: &[i32], steps: usize) 
         c.capacity
     );
     ensure!(
-        c.dim.is_multiple_of(c.heads)
-            && c.heads.is_multiple_of(c.kv_heads)
-            && c.dim.is_multiple_of(GROUP)
-            && (c.dim / c.heads).is_multiple_of(2),
-        "inconsistent demo shape"
+        c.dim.is_multiple_of(GROUP),
+        "--dim {} must be a multiple of {GROUP} (the quantization group)",
+        c.dim
+    );
+    ensure!(
+        c.dim.is_multiple_of(c.heads) && (c.dim / c.heads).is_multiple_of(2),
+        "--dim {} must split into --heads {} heads of an even width",
+        c.dim,
+        c.heads
+    );
+    ensure!(
+        c.heads.is_multiple_of(c.kv_heads),
+        "--heads {} must be a multiple of --kv-heads {}",
+        c.heads,
+        c.kv_heads
     );
     let w = Weights::random(c)?;
     let passes = mlxcel_core::passes::default_passes();
@@ -239,12 +249,20 @@ pub fn command(global: &crate::cli::Global, a: crate::cli::DemoArgs) -> Result<(
         Some(d) if d.is_float() => d,
         _ => bail!("--activations {}: expected f32, f16 or bf16", a.activations),
     };
+    // A demo's sizes: at most about half a billion random weights, built at once in memory.
+    for (value, flag, most) in [
+        (a.layers, "--layers", 32),
+        (a.dim, "--dim", 1024),
+        (a.heads, "--heads", 128),
+        (a.kv_heads, "--kv-heads", 128),
+        (a.vocab, "--vocab", 1 << 16),
+        (a.steps, "--steps", 4096),
+    ] {
+        ensure!((1..=most).contains(&value), "{flag} {value}: must be 1 to {most}");
+    }
     let prompt = parse_ids(&a.prompt_tokens)?;
     if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= a.vocab) {
         bail!("prompt token {bad} is outside the vocabulary 0..{}", a.vocab);
-    }
-    if a.heads == 0 || a.kv_heads == 0 || a.layers == 0 || a.dim == 0 {
-        bail!("--layers, --dim, --heads and --kv-heads must be positive");
     }
     let config = DemoConfig {
         layers: a.layers,

@@ -50,7 +50,18 @@ fn bad_input_is_one_clear_error() {
         (&["demo", "--activations", "int8"][..], "--activations int8"),
         (&["demo", "--prompt-tokens", "1,x"][..], "bad token id"),
         (&["demo", "--prompt-tokens", "99999"][..], "outside the vocabulary"),
-        (&["demo", "--heads", "3"][..], "inconsistent demo shape"),
+        (&["demo", "--heads", "3"][..], "--dim 128 must split into --heads 3"),
+        (
+            &["demo", "--kv-heads", "3"][..],
+            "--heads 4 must be a multiple of --kv-heads 3",
+        ),
+        (&["demo", "--dim", "100"][..], "--dim 100 must be a multiple of"),
+        (
+            &["demo", "--layers", "100000000"][..],
+            "--layers 100000000: must be 1 to 32",
+        ),
+        (&["demo", "--steps", "0"][..], "--steps 0: must be 1 to"),
+        (&["demo", "--vocab", "0"][..], "--vocab 0: must be 1 to"),
         (&["demo", "--device", "cuda"][..], "CUDA"),
     ] {
         let o = mlxcel(args);
@@ -245,14 +256,93 @@ fn bad_models_and_flags_fail_cleanly() {
     fails_with(&["-m", &m, "perplexity", "--tokens", "1"], "at least two tokens");
     fails_with(&["-m", &m, "perplexity", "--tokens", "1,2", "--file", "x"], "not both");
     fails_with(&["-m", &m, "perplexity"], "--tokens or --file");
+    for flag in [
+        "--max-prefill-tokens",
+        "--max-step-graphs",
+        "--prefill-chunk",
+        "--max-body-bytes",
+        "--max-context",
+    ] {
+        fails_with(
+            &["-m", &m, "serve", "--port", "0", flag, "0"],
+            &format!("{flag} 0: must be at least 1"),
+        );
+    }
     fails_with(
-        &["-m", &m, "serve", "--port", "0", "--max-prefill-tokens", "0"],
-        "--max-prefill-tokens must be positive",
+        &["-m", &m, "serve", "--port", "0", "--block-size", "100000000"],
+        "--block-size 100000000 is larger than the KV cache",
     );
     fails_with(
-        &["-m", &m, "serve", "--port", "0", "--max-step-graphs", "0"],
-        "--max-step-graphs must be positive",
+        &["-m", &m, "bench", "-p", "250", "-g", "20", "-r", "1"],
+        "-p 250 plus -g 20 exceeds the model's context of 256 positions",
     );
+    fails_with(
+        &["-m", &m, "bench", "--batch", "100000000"],
+        "--batch 100000000: must be 1 to",
+    );
+}
+
+/// A scratch copy of the llama fixture whose config.json has `key` set to `value`.
+fn with_config(key: &str, value: serde_json::Value) -> std::path::PathBuf {
+    let d = scratch_copy("llama-bf16", &format!("cfg-{key}"));
+    let path = d.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&path, c.to_string()).unwrap();
+    d
+}
+
+#[test]
+fn configs_that_do_not_describe_the_weights_fail_cleanly() {
+    use serde_json::json;
+    for (key, value, needle) in [
+        // Fewer layers than the checkpoint holds: strict like mlx-lm, not a silent other model.
+        (
+            "num_hidden_layers",
+            json!(1),
+            "tensors that a llama model of 1 layers does not use: model.layers.1.",
+        ),
+        ("num_hidden_layers", json!(0), "num_hidden_layers is 0"),
+        ("rms_norm_eps", json!(-1.0), "rms_norm_eps -1 is not a positive number"),
+        (
+            "hidden_act",
+            json!("relu6_weird"),
+            "hidden_act \"relu6_weird\" is not supported",
+        ),
+        (
+            "eos_token_id",
+            json!(99999),
+            "eos_token_id 99999 is outside the vocabulary 0..512",
+        ),
+        ("max_position_embeddings", json!(0), "max_position_embeddings is 0"),
+    ] {
+        let d = with_config(key, value);
+        fails_with(
+            &[
+                "-m",
+                d.to_str().unwrap(),
+                "generate",
+                "--prompt-tokens",
+                "1,2",
+                "-n",
+                "2",
+            ],
+            needle,
+        );
+        std::fs::remove_dir_all(&d).ok();
+    }
+    // Every weight NaN (bf16 0xffff): perplexity says so rather than printing NaN.
+    let d = scratch_copy("llama-bf16", "nan");
+    let st = d.join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[header..].fill(0xff);
+    std::fs::write(&st, bytes).unwrap();
+    fails_with(
+        &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2,3"],
+        "the model's logits are not finite",
+    );
+    std::fs::remove_dir_all(&d).ok();
 }
 
 #[test]

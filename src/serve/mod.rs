@@ -59,11 +59,33 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// The flags that must be positive, checked before the model loads.
+fn validate(args: &ServeArgs) -> Result<()> {
+    for (value, flag) in [
+        (args.max_batch_size, "--max-batch-size"),
+        (args.block_size, "--block-size"),
+        (args.max_queue, "--max-queue"),
+        (args.prefill_chunk, "--prefill-chunk"),
+        (args.max_prefill_tokens, "--max-prefill-tokens"),
+        (args.max_step_graphs, "--max-step-graphs"),
+        (args.max_body_bytes, "--max-body-bytes"),
+    ] {
+        ensure!(value > 0, "{flag} {value}: must be at least 1");
+    }
+    for (value, flag) in [
+        (args.max_context, "--max-context"),
+        (args.max_kv_tokens, "--max-kv-tokens"),
+    ] {
+        if let Some(v) = value {
+            ensure!(v > 0, "{flag} {v}: must be at least 1");
+        }
+    }
+    Ok(())
+}
+
 pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
     let dir = global.model.as_deref().context("--model is required")?;
-    ensure!(args.max_batch_size > 0, "--max-batch-size must be positive");
-    ensure!(args.block_size > 0, "--block-size must be positive");
-    ensure!(args.max_queue > 0, "--max-queue must be positive");
+    validate(&args)?;
     let backend = crate::backend(global.device)?;
     let tokenizer =
         crate::generate::tokenizer(dir, args.tokenizer.as_deref()).context("serve needs the model's tokenizer")?;
@@ -71,20 +93,21 @@ pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
     let (model, plan) = crate::progress::load_model(dir, policy, backend.name())?;
     let dtype = plan.activation_dtype(&model);
     let max_context = args.max_context.unwrap_or(model.spec.max_position);
-    ensure!(max_context > 0, "--max-context must be positive");
     let kv_tokens = args
         .max_kv_tokens
-        .unwrap_or_else(|| (args.max_batch_size * max_context).min(1 << 16));
+        .unwrap_or_else(|| args.max_batch_size.saturating_mul(max_context).min(1 << 16));
     let blocks = kv_tokens / args.block_size;
     ensure!(
         blocks > 0,
-        "--max-kv-tokens {kv_tokens} holds no block of {} tokens",
-        args.block_size
+        "--block-size {} is larger than the KV cache of {kv_tokens} tokens ({})",
+        args.block_size,
+        match args.max_kv_tokens {
+            Some(_) => "--max-kv-tokens",
+            None => "by default --max-batch-size × the context, at most 65536",
+        }
     );
-    ensure!(args.max_step_graphs > 0, "--max-step-graphs must be positive");
     let engine = PagedEngine::new(model, backend.as_ref(), dtype, blocks, args.block_size, max_context)?
         .with_max_graphs(args.max_step_graphs);
-    ensure!(args.max_prefill_tokens > 0, "--max-prefill-tokens must be positive");
     let sched = Scheduler::new(
         BlockPool::new(blocks, args.block_size),
         args.max_batch_size,

@@ -417,6 +417,14 @@ impl Engine {
             let out = self.step(&Head::Nll, part, vec![targets]).context("perplexity step")?;
             nll.extend(out[0].to_f64_vec());
         }
+        // A log-softmax of finite logits is finite: anything else is a broken model or dtype.
+        if let Some((i, v)) = nll.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            bail!(
+                "the negative log-likelihood of token {} is {v}: the model's logits are not finite \
+                 (corrupt weights, or activations overflowing their dtype: try --dtype f32)",
+                i + 1
+            );
+        }
         Ok(nll)
     }
 }

@@ -1,10 +1,10 @@
 //! Safetensors checkpoints, single file or sharded, memory-mapped: tensors are views of the
 //! mapped files (no copies), looked up by their names in the checkpoint.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, ensure, Context, Result};
 use mlxcel_core::tensor::Storage;
@@ -24,6 +24,8 @@ pub struct Checkpoint {
     /// Floating tensors are handed out in this dtype (the `--dtype` policies), converted once
     /// as each is read at load; None: as stored.
     float_dtype: Option<DType>,
+    /// The names [`Checkpoint::get`] has handed out: what a model loaded from it reads.
+    read: Mutex<HashSet<String>>,
 }
 
 fn dtype_of(d: safetensors::Dtype, name: &str, path: &Path) -> Result<DType> {
@@ -80,6 +82,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             float_dtype: None,
+            read: Mutex::default(),
         };
         for (name, t) in tensors {
             let len = t.bytes().len();
@@ -104,6 +107,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             float_dtype: None,
+            read: Mutex::default(),
         };
         for path in paths {
             let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -121,6 +125,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             float_dtype: None,
+            read: Mutex::default(),
         };
         ck.add_file(Storage::from_vec(bytes), Path::new("<memory>"))?;
         Ok(ck)
@@ -211,12 +216,21 @@ impl Checkpoint {
             .tensors
             .get(name)
             .with_context(|| format!("checkpoint has no tensor {name}"))?;
+        self.read.lock().expect("the read-names set").insert(name.to_string());
         let data = self.files[e.file].1.slice(e.start, e.len)?;
         let t = HostTensor::from_bytes(e.dtype, e.shape.clone(), data)?;
         Ok(match self.float_dtype {
             Some(d) if t.dtype.is_float() && t.dtype != d => t.convert(d),
             _ => t,
         })
+    }
+
+    /// The names of the tensors [`Checkpoint::get`] has not handed out, sorted.
+    pub fn unread(&self) -> Vec<&str> {
+        let read = self.read.lock().expect("the read-names set");
+        let mut names: Vec<&str> = self.names().filter(|n| !read.contains(*n)).collect();
+        names.sort_unstable();
+        names
     }
 
     /// The tensor `name`, which must have `shape`.

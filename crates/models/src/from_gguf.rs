@@ -74,6 +74,9 @@ fn config(f: &GgufFile) -> Result<(Value, String)> {
         .get(&key("attention.head_count_kv"))
         .and_then(|v| v.as_u64())
         .unwrap_or(heads);
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        bail!("GGUF: {heads} attention heads (attention.head_count) cannot share {kv_heads} key/value heads (attention.head_count_kv)");
+    }
     let head_dim = f
         .get(&key("attention.key_length"))
         .and_then(|v| v.as_u64())

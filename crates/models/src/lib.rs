@@ -65,7 +65,51 @@ pub fn spec_for(config: &serde_json::Value) -> Result<DecoderSpec> {
             supported_types().join(", ")
         );
     };
-    spec(config).with_context(|| format!("reading the {model_type} config"))
+    let spec = spec(config).with_context(|| format!("reading the {model_type} config"))?;
+    check_spec(&spec, config).with_context(|| format!("reading the {model_type} config"))?;
+    Ok(spec)
+}
+
+/// What every architecture's config must satisfy beyond parsing: sizes that make a model, a
+/// usable norm epsilon and context, the activation this engine runs for the family, and end
+/// tokens inside the vocabulary.
+fn check_spec(spec: &DecoderSpec, config: &serde_json::Value) -> Result<()> {
+    for (key, v) in [
+        ("hidden_size", spec.hidden),
+        ("num_hidden_layers", spec.layers),
+        ("head_dim", spec.head_dim),
+        ("vocab_size", spec.vocab),
+        ("max_position_embeddings", spec.max_position),
+    ] {
+        if v == 0 {
+            bail!("config.json: {key} is 0");
+        }
+    }
+    if !(spec.rms_eps.is_finite() && spec.rms_eps > 0.0) {
+        bail!("config.json: rms_norm_eps {} is not a positive number", spec.rms_eps);
+    }
+    // Gemma checks its own GELU; every other family here runs SiLU.
+    let act = config.get("hidden_act").and_then(|a| a.as_str());
+    if let (Some(act), false) = (act, spec.model_type.starts_with("gemma")) {
+        if act != "silu" {
+            bail!(
+                "config.json: hidden_act {act:?} is not supported for {} (silu)",
+                spec.model_type
+            );
+        }
+    }
+    let eos: Vec<u64> = match &config["eos_token_id"] {
+        serde_json::Value::Number(n) => n.as_u64().into_iter().collect(),
+        serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_u64()).collect(),
+        _ => vec![],
+    };
+    if let Some(bad) = eos.iter().find(|&&id| id >= spec.vocab as u64) {
+        bail!(
+            "config.json: eos_token_id {bad} is outside the vocabulary 0..{}",
+            spec.vocab
+        );
+    }
+    Ok(())
 }
 
 /// Loads the model in `dir`.
@@ -83,6 +127,7 @@ pub fn is_gguf(path: &Path) -> bool {
 pub fn load_with_progress(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
     let (spec, loader) = open(path, progress)?;
     let model = Transformer::load(spec, &loader)?;
+    every_tensor_read(&model.spec, &loader.checkpoint)?;
     loader.checkpoint.prefetch(progress);
     Ok(model)
 }
@@ -110,11 +155,42 @@ pub fn load_spec(
     let plan = dtype_policy::plan(policy, backend, &spec);
     loader.checkpoint.set_float_dtype(plan.tensors);
     let model = Transformer::load(spec, &loader)?;
+    every_tensor_read(&model.spec, &loader.checkpoint)?;
     if plan.tensors.is_none() {
         // Converting read every tensor already; tensors as stored are still only mapped.
         loader.checkpoint.prefetch(progress);
     }
     Ok((model, plan))
+}
+
+/// Fails where the checkpoint holds tensors the model as its config describes it did not read
+/// (mlx-lm loads strictly too): a wrong `num_hidden_layers`, a checkpoint of another
+/// architecture, a merge gone wrong. Tensors every loader drops are allowed: precomputed
+/// rotary frequencies, and in multimodal checkpoints whatever lies outside the text model's
+/// prefix (vision tower, projector).
+fn every_tensor_read(spec: &DecoderSpec, checkpoint: &checkpoint::Checkpoint) -> Result<()> {
+    let prefix = &spec.options.weight_prefix;
+    let extra: Vec<&str> = checkpoint
+        .unread()
+        .into_iter()
+        .filter(|n| !n.ends_with("rotary_emb.inv_freq") && n.starts_with(prefix.as_str()))
+        .collect();
+    if extra.is_empty() {
+        return Ok(());
+    }
+    let shown = extra.iter().take(4).copied().collect::<Vec<_>>().join(", ");
+    let more = if extra.len() > 4 {
+        format!(" and {} more", extra.len() - 4)
+    } else {
+        String::new()
+    };
+    bail!(
+        "the checkpoint has {} tensors that a {} model of {} layers does not use: {shown}{more} \
+         (does the config match the weights?)",
+        extra.len(),
+        spec.model_type,
+        spec.layers
+    )
 }
 
 /// The spec and a loader for `path` (GGUF tensors are converted to MLX's layout here).

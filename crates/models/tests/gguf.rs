@@ -964,3 +964,28 @@ fn malformed_tensor_infos_and_values_are_named() {
     assert_eq!(g.dequantize("empty").unwrap(), Vec::<f32>::new());
     assert_eq!(g.to_mlx_affine("empty", DType::F16).unwrap().weight.shape, [3, 0]);
 }
+
+#[test]
+fn head_counts_that_cannot_make_attention_are_named_errors() {
+    let dir = std::env::temp_dir().join(format!("mlxcel-gguf-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (heads, kv_heads) in [(0u32, 0u32), (4, 0), (4, 3)] {
+        let file = Writer::new()
+            .kv("general.architecture", MetaValue::String("llama".into()))
+            .kv("llama.attention.head_count", MetaValue::U32(heads))
+            .kv("llama.attention.head_count_kv", MetaValue::U32(kv_heads))
+            .kv("llama.embedding_length", MetaValue::U32(8))
+            .tensor("token_embd.weight", &[8, 4], F32, &[0u8; 128]);
+        let path = dir.join(format!("h{heads}-{kv_heads}.gguf"));
+        std::fs::write(&path, file.bytes()).unwrap();
+        let e = match mlxcel_models::from_gguf::read(&path, &mut |_, _| {}) {
+            Ok(_) => panic!("{heads}/{kv_heads} heads read"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            e.contains(&format!("{heads} attention heads")) && e.contains(&format!("share {kv_heads} key/value")),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
