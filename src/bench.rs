@@ -72,6 +72,10 @@ fn model(
         !a.f32_norms || a.preset.is_some(),
         "--f32-norms changes a --preset's random weights; it does not apply to --model"
     );
+    ensure!(
+        a.seed.is_none() || a.preset.is_some(),
+        "--seed picks a --preset's random weights; it does not apply to --model"
+    );
     match (&a.preset, &global.model) {
         (Some(_), Some(_)) => bail!("give either --preset or --model, not both"),
         (None, None) => bail!("bench needs --preset NAME or --model PATH"),
@@ -79,7 +83,7 @@ fn model(
             let preset = mlxcel_models::synth::preset(p)?;
             let b = bar(0, "building random weights {bar:40} {pos}/{len} layers ({eta})", a.json);
             let opts = SynthOptions { f32_norms: a.f32_norms };
-            let m = mlxcel_models::synth::tensors_with(preset, a.seed, opts, &mut |done, total| {
+            let m = mlxcel_models::synth::tensors_with(preset, a.seed.unwrap_or(0), opts, &mut |done, total| {
                 b.set_length(total as u64);
                 b.set_position(done as u64);
             })?;
@@ -127,6 +131,10 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     };
     let (policy, _) = crate::dtype::resolve(global.dtype.as_deref(), global.model.as_deref())?;
     let ((model, plan), what) = model(global, &a, policy, device)?;
+    let Some(backend) = backend else {
+        return graph_only(global, &a, model, &plan, device, &what, context);
+    };
+    // (Counting a step's nodes and launches needs no positions the model was trained on.)
     ensure!(
         context <= model.spec.max_position,
         "-p {} plus -g {} exceeds the model's context of {} positions",
@@ -134,9 +142,6 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
         a.gen,
         model.spec.max_position
     );
-    let Some(backend) = backend else {
-        return graph_only(global, &a, model, &plan, device, &what, context);
-    };
     if let Some(rows) = a.batch {
         return batched(&a, model, &plan, backend.as_ref(), &what, device, rows);
     }
@@ -217,7 +222,7 @@ pub fn command(global: &Global, a: BenchArgs) -> Result<()> {
     if a.json {
         let (pf, dc, mt) = (mean_std(&prefill), mean_std(&decode), mean_std(&ms));
         let obj = json!({
-            "model": what, "preset": a.preset, "seed": a.seed, "device": device, "dtype": dtype.name(),
+            "model": what, "preset": a.preset, "seed": a.preset.as_ref().map(|_| a.seed.unwrap_or(0)), "device": device, "dtype": dtype.name(),
             "prompt": a.prompt, "gen": a.gen, "generated": a.gen, "runs": a.runs,
             "prefill_tps": prefill, "decode_tps": decode,
             "prefill_tps_mean": pf.0, "prefill_tps_std": pf.1, "prefill_tps_median": median(&prefill),

@@ -116,9 +116,10 @@ pub struct BenchArgs {
     /// Print the preset names, one per line, and exit.
     #[arg(long)]
     pub list_presets: bool,
-    /// Seed of the preset's random weights (`mlxcel synth --seed` writes the same ones).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the preset's random weights (`mlxcel synth --seed` writes the same ones)
+    /// [default: 0]
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Prompt length: random token ids, prefilled once per run.
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt: usize,

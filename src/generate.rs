@@ -132,7 +132,13 @@ pub fn generate(global: &Global, args: GenerateArgs) -> Result<()> {
     };
     // An explicit --max-tokens past the context is an error (in the engine); the default
     // shrinks to what the context leaves.
-    let room = engine.max_context().saturating_sub(prompt_ids.len());
+    ensure!(
+        prompt_ids.len() < engine.max_context(),
+        "the prompt ({} tokens) leaves no room to generate in the context of {} tokens",
+        prompt_ids.len(),
+        engine.max_context()
+    );
+    let room = engine.max_context() - prompt_ids.len();
     let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room));
     let opts = GenerateOptions {
         max_tokens,
@@ -150,8 +156,14 @@ pub fn generate(global: &Global, args: GenerateArgs) -> Result<()> {
         }
         Ok(true)
     })?;
-    if let (Some(s), false) = (stream.as_mut(), json) {
-        writeln!(stdout, "{}", s.finish()?)?;
+    match (stream.as_mut(), json) {
+        (Some(s), false) => writeln!(stdout, "{}", s.finish()?)?,
+        // Without a tokenizer there is no text: the ids are the output.
+        (None, false) => {
+            let ids: Vec<String> = result.tokens.iter().map(u32::to_string).collect();
+            writeln!(stdout, "{}", ids.join(","))?
+        }
+        _ => {}
     }
     let text = match &tok {
         Some(t) => t.decode(&result.tokens)?,
@@ -191,7 +203,14 @@ pub fn perplexity(global: &Global, args: PerplexityArgs) -> Result<()> {
         (Some(ids), None) => token_ids(ids, "--tokens")?,
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            tokenizer(dir, args.tokenizer.as_deref())?.encode(&text)?
+            let ids = tokenizer(dir, args.tokenizer.as_deref())?.encode(&text)?;
+            ensure!(
+                ids.len() >= 2,
+                "{} encodes to {} token(s); perplexity needs at least two",
+                path.display(),
+                ids.len()
+            );
+            ids
         }
     };
     let mut engine = engine(global, dir, args.max_context)?;

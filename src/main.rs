@@ -38,12 +38,19 @@ pub fn load_engine(global: &Global, path: &Path, max_context: Option<usize>) -> 
     let backend = backend(global.device)?;
     let (policy, _) = dtype::resolve(global.dtype.as_deref(), Some(path))?;
     let (model, plan) = progress::load_model(path, policy, backend.name())?;
+    if let Some(n) = max_context.filter(|&n| n > model.spec.max_position) {
+        eprintln!(
+            "mlxcel: warning: --max-context {n} is past the {} positions the model was trained on",
+            model.spec.max_position
+        );
+    }
     let mut engine = Engine::for_plan(model, backend, &plan, max_context)?;
     trace::configure(&mut engine, global);
     Ok(engine)
 }
 
 fn run(cli: Cli) -> Result<()> {
+    trace::check_dot_path(&cli.global)?;
     match cli.command {
         Command::Generate(args) => generate::generate(&cli.global, args),
         Command::Perplexity(args) => generate::perplexity(&cli.global, args),

@@ -24,6 +24,20 @@ pub fn dot_path(global: &Global) -> Option<PathBuf> {
     })
 }
 
+/// Fails at once where the decode graph could not be written (a folder, or a missing parent),
+/// rather than after the run that makes it.
+pub fn check_dot_path(global: &Global) -> Result<()> {
+    let Some(path) = dot_path(global) else {
+        return Ok(());
+    };
+    anyhow::ensure!(!path.is_dir(), "the decode graph's path {} is a folder", path.display());
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(p) = parent.filter(|p| !p.is_dir()) {
+        anyhow::bail!("the decode graph's folder {} does not exist", p.display());
+    }
+    Ok(())
+}
+
 pub fn configure(engine: &mut Engine, global: &Global) {
     engine.set_trace(enabled());
     engine.set_export_dot(dot_path(global));

@@ -247,10 +247,10 @@ fn bad_models_and_flags_fail_cleanly() {
             "--max-context",
             "4",
         ],
-        "exceeds the context",
+        "the prompt (6 tokens) leaves no room to generate in the context of 4 tokens",
     );
     fails_with(
-        &["-m", &m, "generate", "hi", "-n", "10", "--max-context", "8"],
+        &["-m", &m, "generate", "hi", "-n", "10", "--max-context", "25"],
         "exceeds the context",
     );
     fails_with(&["-m", &m, "perplexity", "--tokens", "1"], "at least two tokens");
@@ -280,6 +280,29 @@ fn bad_models_and_flags_fail_cleanly() {
         &["-m", &m, "bench", "--batch", "100000000"],
         "--batch 100000000: must be 1 to",
     );
+    fails_with(
+        &["-m", &m, "bench", "--seed", "5"],
+        "--seed picks a --preset's random weights",
+    );
+    fails_with(
+        &["-m", &format!("{m}/config.json"), "generate", "hi"],
+        "is a file: --model takes",
+    );
+    fails_with(
+        &["-m", &m, "generate", "hi", "--max-context", "2"],
+        "leaves no room to generate",
+    );
+    fails_with(
+        &["-m", &m, "--dump-graph", "/no/such/dir/x.dot", "generate", "hi"],
+        "does not exist",
+    );
+    let empty = std::env::temp_dir().join(format!("mlxcel-cli-empty-{}.txt", std::process::id()));
+    std::fs::write(&empty, "").unwrap();
+    fails_with(
+        &["-m", &m, "perplexity", "--file", empty.to_str().unwrap()],
+        "perplexity needs at least two",
+    );
+    std::fs::remove_file(&empty).ok();
 }
 
 /// A scratch copy of the llama fixture whose config.json has `key` set to `value`.

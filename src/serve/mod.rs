@@ -294,6 +294,9 @@ fn encode(state: &AppState, body: &[u8], kind: Kind) -> Result<(Vec<u32>, Settin
             let ids = match &r.prompt {
                 api::Prompt::Text(t) => tok.encode(t).map_err(bad)?,
                 api::Prompt::Texts(v) if v.len() == 1 => tok.encode(&v[0]).map_err(bad)?,
+                api::Prompt::Texts(v) if v.is_empty() => {
+                    return Err(ApiError::invalid("the prompt list is empty", Some("prompt")))
+                }
                 api::Prompt::Texts(_) => {
                     return Err(ApiError::invalid(
                         "only one prompt per request is supported",

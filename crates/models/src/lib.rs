@@ -46,6 +46,12 @@ pub fn supported_types() -> Vec<&'static str> {
 
 /// Reads and parses `dir/config.json`.
 pub fn read_config(dir: &Path) -> Result<serde_json::Value> {
+    if dir.is_file() {
+        bail!(
+            "{} is a file: --model takes a model folder or a .gguf file",
+            dir.display()
+        );
+    }
     if !dir.is_dir() {
         bail!("model folder {} does not exist", dir.display());
     }

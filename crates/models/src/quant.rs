@@ -22,10 +22,10 @@ pub struct QuantConfig {
 fn params(v: &Value, what: &str) -> Result<QuantParams> {
     let bits = v["bits"]
         .as_u64()
-        .with_context(|| format!("quantization {what}: missing integer \"bits\""))?;
+        .with_context(|| format!("quantization {what}: \"bits\" is missing or not an integer"))?;
     let group = v["group_size"]
         .as_u64()
-        .with_context(|| format!("quantization {what}: missing integer \"group_size\""))?;
+        .with_context(|| format!("quantization {what}: \"group_size\" is missing or not an integer"))?;
     if !matches!(bits, 2 | 4 | 8) {
         bail!("quantization {what}: {bits}-bit weights are not supported (2, 4 or 8)");
     }
