@@ -555,14 +555,15 @@ __device__ __forceinline__ void ld_runs(const void* p, int dt, const i64* at, co
 
 // The keys [j0, j0 + n) split `split` (of `chunk` keys) of batch row bi sees in a cache of s
 // positions: the one query sits at the last position, so causal or not it sees [lo, len),
-// lo the window's start. A length outside [1, s] flags the error (block (0, 0)) and sees none.
+// lo the window's start. A length outside [1, s] flags the error (the row's first split) and
+// sees none.
 __device__ __forceinline__ void gqa_keys(const void* kv_len, int len_kind, int len_count, i64 bi, i64 s, i64 window,
                                          i64 split, i64 chunk, int* error, int tag, i64* j0, i64* n) {
   const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
   *j0 = 0;
   *n = 0;
   if (len < 1 || len > s) {
-    if (threadIdx.x == 0 && split == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
+    if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);  // every row's blocks may see it
     return;
   }
   const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
@@ -888,18 +889,12 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
   const int c0 = (lane % LPK) * 8, slot = warp * KPW + lane / LPK;
   float* out = part + (row * splits + split) * (D + 2);
   if (rp.k) rp.write((void*)k, (void*)v, KV::DT, bi, hkv, kvh, s, D, D, split, chunk, error, tag);
-  const i64 len = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi);
-  if (len < 1 || len > s) {
-    if (threadIdx.x == 0 && split == 0) atomicCAS(error, 0, tag);
-    if (threadIdx.x == 0) { out[0] = -INFINITY; out[1] = 0.0f; }
-    for (i64 c = threadIdx.x; c < D; c += blockDim.x) out[2 + c] = 0.0f;
-    return;
-  }
-  // The one query sits at the last position: causal or not, it sees [lo_key, len).
+  // Causal or not, the one query sees [lo, len) (gqa_keys); a bad length flags the error and
+  // sees no key, so the partial written below is the empty one (max -inf, sum 0).
   (void)causal;
-  const i64 lo_key = window > 0 && len - window > 0 ? len - window : 0;
-  const i64 j0 = split * chunk > lo_key ? split * chunk : lo_key;
-  const i64 j1 = (split + 1) * chunk < len ? (split + 1) * chunk : len;
+  i64 j0, n;
+  gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
+  const i64 j1 = j0 + n;
   const i64 kbase = (bi * hkv + kvh) * s;
   float qv[8], acc[8];
   const float qpos = rp.k ? rp.position(bi) : 0.0f;
@@ -948,7 +943,10 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
       if (!live[u]) sc[u] = -INFINITY;
       mn = fmaxf(mn, sc[u]);
     }
-    if (mn == -INFINITY) continue;  // no key of this slot yet (no shuffles follow)
+    // No key of this slot in the round (keys grow with u; no shuffles follow). A NaN score is
+    // not skipped: fmaxf would drop it from mn, and it must reach the output as attention_split
+    // lets it.
+    if (!live[0]) continue;
     const float corr = expf(m - mn);  // 0 while m is -inf
     l *= corr;
 #pragma unroll
