@@ -365,6 +365,18 @@ fn configs_that_do_not_describe_the_weights_fail_cleanly() {
         &["-m", d.to_str().unwrap(), "perplexity", "--tokens", "1,2,3"],
         "the model's logits are not finite",
     );
+    fails_with(
+        &[
+            "-m",
+            d.to_str().unwrap(),
+            "generate",
+            "--prompt-tokens",
+            "1,2,3",
+            "-n",
+            "2",
+        ],
+        "the model's logits after the prompt are not finite",
+    );
     std::fs::remove_dir_all(&d).ok();
 }
 

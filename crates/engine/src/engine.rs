@@ -356,7 +356,15 @@ impl Engine {
             self.step(&Head::None, chunk, vec![])?;
         }
         let extra = Self::sampler_inputs(&opts.sampler, 0, &history)?;
-        let mut next = self.step(&head, chunks[chunks.len() - 1], extra)?[0].to_vec::<u32>()?[0];
+        let out = self.step(&head, chunks[chunks.len() - 1], extra)?;
+        if let Some(lse) = out.get(1).map(|l| l.to_f64_vec()[0]).filter(|v| !v.is_finite()) {
+            bail!(
+                "the model's logits after the prompt are not finite (log-sum-exp {lse}): corrupt \
+                 weights, or activations overflowing {}; try --dtype f32",
+                self.dtype.activations
+            );
+        }
+        let mut next = out[0].to_vec::<u32>()?[0];
         let prompt_s = start.elapsed().as_secs_f64();
         let decode_start = Instant::now();
         let mut finish = FinishReason::Length;
@@ -461,7 +469,15 @@ fn step_graph(model: &Transformer, dtype: GraphDType, head: &Head, t: usize, cap
         Head::None => vec![],
         Head::Sample(s) => {
             let logits = b.reshape(logits, &[1, vocab])?;
-            vec![sampler::build(&mut b, logits, s)?.0]
+            let token = sampler::build(&mut b, logits, s)?.0;
+            if t == 1 {
+                vec![token]
+            } else {
+                // After a prompt (not in the replayed decode step): the logits' log-sum-exp,
+                // which NaN or +inf anywhere makes non-finite, for `generate` to check.
+                let lse = b.reduce(mlxcel_core::ReduceOp::LogSumExp, logits, -1, false)?;
+                vec![token, lse]
+            }
         }
         Head::Nll => {
             // A measurement, not a decode step: one widening of the logits so the
