@@ -5,7 +5,9 @@ For each concurrency level, N clients stream /v1/completions at once, each with 
 --prompt random token ids and --max-tokens output tokens (ignore_eos, greedy). Reports
 aggregate output tok/s (all tokens / wall time) and per-stream decode tok/s (tokens after the
 first / time from first to last token), min and median. `--temperature T` (with `--top-p`)
-samples instead of greedy decoding, as most clients ask.
+samples instead of greedy decoding, as most clients ask. Each level first runs `--warmup`
+times unmeasured (default 1), so the server has planned the step shapes that level makes and
+a level's figure does not depend on which levels ran before it.
 
     mlxcel serve -m models/llama-3.1-8b-4bit --port 8080 &
     python3 scripts/bench_serve.py --url http://127.0.0.1:8080 --concurrency 1,8,32,64
@@ -47,8 +49,8 @@ def one_stream(url, body, api_key, out):
     out.append({"tokens": tokens, "start": start, "first": first, "last": last})
 
 
-def run(url, n, args):
-    rng = random.Random(n)
+def run(url, n, args, seed=0):
+    rng = random.Random(n + 1000 * seed)
     results, threads = [], []
     for _ in range(n):
         body = {
@@ -99,9 +101,14 @@ def main():
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn below this")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs of each level first")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    rows = [run(args.url, int(n), args) for n in args.concurrency.split(",")]
+    rows = []
+    for n in args.concurrency.split(","):
+        for w in range(args.warmup):
+            run(args.url, int(n), args, seed=w + 1)
+        rows.append(run(args.url, int(n), args))
     if args.json:
         print(json.dumps(rows, indent=2))
         return

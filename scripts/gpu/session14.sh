@@ -42,6 +42,8 @@ batch 64
 batch 64 MLXCEL_ATT_ONLINE=1
 echo "[t=$((SECONDS - t0))]"
 SKIP=1500 COUNT=1500 ncu_step q05-lanes qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1
+echo "== serve at 64 streams, each level warmed up first (bench_serve.py --warmup 1, new) [t=$((SECONDS - t0))]"
+CONC=64 SERVE_S=120 bash scripts/gpu/serve-bench.sh
 echo "[t=$((SECONDS - t0))]"
 # Where the two presets furthest from their targets spend a step now (no profile of either
 # since session 11): gemma3-1b (issue 7's Gemma check) and llama-3.1-8b (issue 5).
