@@ -9,7 +9,7 @@ mkdir -p "$MLXCEL_CACHE_DIR"; cp .gpu/extra/ptx-*.ptx "$MLXCEL_CACHE_DIR"/ 2>/de
 gpu_checks() {
   MLXCEL_REQUIRE_CUDA=1 timeout 150 .gpu/tests/gpu-test --test-threads 1 --skip every_kernel > /tmp/tests.txt 2>&1; echo "gpu-test rc=$?"
   grep -E "test result|differ|panicked|FAIL|mismatch|case" /tmp/tests.txt | head -30
-  MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+  MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
   grep -E "test result|panicked|FAIL" /tmp/parity.txt | head
 }
 
@@ -21,7 +21,7 @@ checks_in_full() {
   grep -E "test result|FAILED" /tmp/tests.txt | head
   grep -A20 "panicked" /tmp/tests.txt | head -60
   for r in $(seq "${PARITY_RUNS:-1}"); do
-    MLXCEL_REQUIRE_CUDA=1 timeout 60 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
+    MLXCEL_REQUIRE_CUDA=1 timeout 120 .gpu/tests/parity_cuda-test > /tmp/parity.txt 2>&1; echo "parity rc=$?"
     grep -E "test result|panicked" -A3 /tmp/parity.txt | head
   done
 }
