@@ -6,7 +6,8 @@
 # folded rope among them) and parity_cuda. Then decode side by side, lanes off and on, on the
 # presets whose attention is the per-head kernel (qwen2.5-0.5b and llama-3.2-1b: 64-wide heads;
 # qwen3-30b-a3b: groups of 8), also with 64 keys a split; and serve's 64-row step with the
-# online grouped attention (MLXCEL_ATT_ONLINE=1, never measured at 64 rows) against the default.
+# online grouped attention (MLXCEL_ATT_ONLINE=1, never measured at 64 rows) against the default;
+# and gemma3-1b beside llama-as-gemma3-1b-4bit, a Llama of its shape (issue 7's Gemma check).
 # session14b.sh has the default checks, serve and the profiles.
 # Stage: ../shared/gpu/stage, prune .gpu/tests to gpu-test and parity_cuda-test, the gzipped
 # PTX cache in .gpu/extra.
@@ -31,6 +32,11 @@ bench "l1b-lanes" llama-3.2-1b-4bit MLXCEL_ATT_LANES=1
 bench "moe-split" qwen3-30b-a3b-4bit
 bench "moe-lanes" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1
 bench "moe-lanes-keys64" qwen3-30b-a3b-4bit MLXCEL_ATT_LANES=1 MLXCEL_ATT_KEYS=64
+echo "== issue 7's Gemma check: gemma3-1b against a Llama of its shape (same bytes a token) [t=$((SECONDS - t0))]"
+for r in 1 2; do
+  bench "gemma3-1b-$r" gemma3-1b-4bit
+  bench "llama-as-gemma3-1b-$r" llama-as-gemma3-1b-4bit
+done
 echo "== serve's 64-row step: the grouped paged attention as it is and online [t=$((SECONDS - t0))]"
 batch 64
 batch 64 MLXCEL_ATT_ONLINE=1
