@@ -323,7 +323,7 @@ fn configs_that_do_not_describe_the_weights_fail_cleanly() {
         (
             "num_hidden_layers",
             json!(1),
-            "tensors that a llama model of 1 layers does not use: model.layers.1.",
+            "tensors that the llama model its config describes (num_hidden_layers 1) does not use: model.layers.1.",
         ),
         ("num_hidden_layers", json!(0), "num_hidden_layers is 0"),
         ("rms_norm_eps", json!(-1.0), "rms_norm_eps -1 is not a positive number"),

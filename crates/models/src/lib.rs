@@ -191,8 +191,8 @@ fn every_tensor_read(spec: &DecoderSpec, checkpoint: &checkpoint::Checkpoint) ->
         String::new()
     };
     bail!(
-        "the checkpoint has {} tensors that a {} model of {} layers does not use: {shown}{more} \
-         (does the config match the weights?)",
+        "the checkpoint has {} tensors that the {} model its config describes (num_hidden_layers {}) \
+         does not use: {shown}{more} (does the config match the weights?)",
         extra.len(),
         spec.model_type,
         spec.layers
