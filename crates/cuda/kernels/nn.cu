@@ -991,7 +991,8 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
                                                 i64 hkv, i64 s, float scale, int causal, i64 window, float softcap,
                                                 i64 chunk, int* error, int tag, KvPages pg,
                                                 const RopeIn& rp = RopeIn{}) {
-  constexpr int U = LPK <= 8 ? 2 : 4;  // keys a slot has in flight: 8 a warp for 64 channels, 4 for 128 and 256
+  // Keys a slot has in flight; a warp's (32 / LPK slots): 16, 8, 8 and 4 for D = 32, 64, 128, 256.
+  constexpr int U = LPK <= 8 ? 2 : 4;
   if (kdt == 1)
     attention_lanes_rows<LPK, U, PAGED, F16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
                                              causal, window, softcap, chunk, error, tag, pg, rp);
