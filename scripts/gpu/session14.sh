@@ -27,6 +27,9 @@ for r in 1 2; do
   bench "q05-lanes-$r" qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1
 done
 bench "q05-lanes-keys64" qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1 MLXCEL_ATT_KEYS=64
+# The rope and cache writes folded into the attention (one launch a layer fewer) lost with
+# attention_split on the H100; attention_lanes_rope_64 is its lanes form.
+bench "q05-lanes-rope" qwen2.5-0.5b-bf16 MLXCEL_ATT_LANES=1 MLXCEL_CUDA_FUSE_ROPE_ATTENTION=1
 bench "l1b-split" llama-3.2-1b-4bit
 bench "l1b-lanes" llama-3.2-1b-4bit MLXCEL_ATT_LANES=1
 bench "moe-split" qwen3-30b-a3b-4bit
