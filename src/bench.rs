@@ -44,18 +44,16 @@ fn bar(len: u64, template: &str, hidden: bool) -> ProgressBar {
 }
 
 fn validate(a: &BenchArgs) -> Result<()> {
-    for (value, flag) in [
-        (a.prompt, "-p/--prompt"),
-        (a.gen, "-g/--gen"),
-        (a.runs, "-r/--runs"),
-        (a.prefill_chunk, "--prefill-chunk"),
-    ] {
-        ensure!(value > 0, "{flag} {value}: must be at least 1");
+    crate::cli::at_least_one(&[
+        (Some(a.prompt), "-p/--prompt"),
+        (Some(a.gen), "-g/--gen"),
+        (Some(a.runs), "-r/--runs"),
+        (Some(a.prefill_chunk), "--prefill-chunk"),
+    ])?;
+    match a.batch {
+        Some(b) => crate::cli::one_to("--batch", b, MAX_BATCH),
+        None => Ok(()),
     }
-    if let Some(b) = a.batch {
-        ensure!((1..=MAX_BATCH).contains(&b), "--batch {b}: must be 1 to {MAX_BATCH}");
-    }
-    Ok(())
 }
 
 /// The most rows `--batch` times (serve's own batches are far smaller).

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::{ensure, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// `serve`'s positions per KV block by default (also what `bench --batch` pages with).
@@ -287,4 +288,20 @@ pub struct ConvertArgs {
     /// Write into --out even if it already holds files (stale weight shards are removed).
     #[arg(long)]
     pub force: bool,
+}
+
+/// Fails unless every `(value, flag)` given is at least 1 (flags left unset are `None`).
+pub fn at_least_one(flags: &[(Option<usize>, &str)]) -> Result<()> {
+    for &(value, flag) in flags {
+        if let Some(v) = value {
+            ensure!(v > 0, "{flag} {v}: must be at least 1");
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless `value` of `flag` is 1 to `most`.
+pub fn one_to(flag: &str, value: usize, most: usize) -> Result<()> {
+    ensure!((1..=most).contains(&value), "{flag} {value}: must be 1 to {most}");
+    Ok(())
 }

@@ -258,7 +258,7 @@ pub fn command(global: &crate::cli::Global, a: crate::cli::DemoArgs) -> Result<(
         (a.vocab, "--vocab", 1 << 16),
         (a.steps, "--steps", 4096),
     ] {
-        ensure!((1..=most).contains(&value), "{flag} {value}: must be 1 to {most}");
+        crate::cli::one_to(flag, value, most)?;
     }
     let prompt = parse_ids(&a.prompt_tokens)?;
     if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= a.vocab) {

@@ -61,26 +61,17 @@ fn now() -> u64 {
 
 /// The flags that must be positive, checked before the model loads.
 fn validate(args: &ServeArgs) -> Result<()> {
-    for (value, flag) in [
-        (args.max_batch_size, "--max-batch-size"),
-        (args.block_size, "--block-size"),
-        (args.max_queue, "--max-queue"),
-        (args.prefill_chunk, "--prefill-chunk"),
-        (args.max_prefill_tokens, "--max-prefill-tokens"),
-        (args.max_step_graphs, "--max-step-graphs"),
-        (args.max_body_bytes, "--max-body-bytes"),
-    ] {
-        ensure!(value > 0, "{flag} {value}: must be at least 1");
-    }
-    for (value, flag) in [
+    crate::cli::at_least_one(&[
+        (Some(args.max_batch_size), "--max-batch-size"),
+        (Some(args.block_size), "--block-size"),
+        (Some(args.max_queue), "--max-queue"),
+        (Some(args.prefill_chunk), "--prefill-chunk"),
+        (Some(args.max_prefill_tokens), "--max-prefill-tokens"),
+        (Some(args.max_step_graphs), "--max-step-graphs"),
+        (Some(args.max_body_bytes), "--max-body-bytes"),
         (args.max_context, "--max-context"),
         (args.max_kv_tokens, "--max-kv-tokens"),
-    ] {
-        if let Some(v) = value {
-            ensure!(v > 0, "{flag} {v}: must be at least 1");
-        }
-    }
-    Ok(())
+    ])
 }
 
 pub fn command(global: &Global, args: ServeArgs) -> Result<()> {
