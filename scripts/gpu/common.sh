@@ -83,10 +83,11 @@ ncu_gemv() {
 }
 
 # unpack_ptx: the gzipped PTX caches (.gpu/extra/ptx-*.ptx.gz, and .gpu/old's, the build a change
-# is measured against) into the cache directory.
+# is measured against) into the cache directory, with the cubin ptxas made of it where staged
+# (.gpu/extra/ptx-*.cubin.gz: the driver then need not compile the PTX, about 70 s cold).
 unpack_ptx() {
   local f
-  for f in .gpu/extra/ptx-*.ptx.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
+  for f in .gpu/extra/ptx-*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
   [ -f .gpu/old/ptx.gz ] && gunzip -c .gpu/old/ptx.gz > "$MLXCEL_CACHE_DIR/$(cat .gpu/old/ptx.name)"
   return 0
 }
@@ -107,6 +108,19 @@ ncu_step() {
     --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
     .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
   echo "== ncu step $name rc=$?"
+  python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
+  head -22 $OUT/step-$name.md
+}
+
+# ncu_batch NAME N [VAR=VALUE ...]: ncu_step for serve's batched step of N rows on the 8B preset
+# (rows at position 256, a warm-up and one run of 4 steps).
+ncu_batch() {
+  local name=$1 n=$2 ncu; shift 2
+  ncu=$(ncu_bin)
+  env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+    --launch-skip 0 --launch-count ${COUNT:-1500} --log-file /tmp/ncu-$name.csv \
+    .gpu/bin/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch $n -p 256 -g 4 -r 1 > /dev/null 2>> /tmp/ncu.err
+  echo "== ncu batch $name rc=$?"
   python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
   head -22 $OUT/step-$name.md
 }

@@ -76,6 +76,27 @@ pub fn cache_name(arch: &str, driver: i32) -> String {
     )
 }
 
+/// The kernels already compiled for `arch` by ptxas, where the cache holds them beside the PTX
+/// (the PTX's file name with `.cubin` for `.ptx`; scripts/gpu/README.md writes one): loading
+/// them skips the driver's compile of the PTX, about 70 s on a machine that has not run this
+/// source before. None where there is none; one the driver refuses falls back to the PTX.
+fn cached_cubin(arch: &'static str) -> Option<Vec<u8>> {
+    let mut driver = 0;
+    // SAFETY: writes one int; the driver library was probed before.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+    let name = cache_name(arch, driver).replace(".ptx", ".cubin");
+    std::fs::read(cache_dir()?.join(name)).ok()
+}
+
+/// Where compiled kernels are kept: `MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`, else
+/// `~/.cache/mlxcel`.
+fn cache_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("MLXCEL_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| std::path::PathBuf::from(d).join("mlxcel")))
+        .or_else(|| std::env::var_os("HOME").map(|d| std::path::PathBuf::from(d).join(".cache/mlxcel")))
+}
+
 /// The kernels' PTX for `arch`, from the disk cache when the same source was compiled for the
 /// same arch under the same driver before (`MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`,
 /// else `~/.cache/mlxcel`); compiled with NVRTC and stored otherwise. A cache that cannot be
@@ -85,10 +106,7 @@ fn cached_ptx(arch: &'static str) -> Result<String> {
     // SAFETY: writes one int; the driver library was probed before.
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
     let key = cache_name(arch, driver);
-    let dir = std::env::var_os("MLXCEL_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| std::path::PathBuf::from(d).join("mlxcel")))
-        .or_else(|| std::env::var_os("HOME").map(|d| std::path::PathBuf::from(d).join(".cache/mlxcel")));
+    let dir = cache_dir();
     if let Some(dir) = &dir {
         if let Ok(ptx) = std::fs::read_to_string(dir.join(&key)) {
             return Ok(ptx);
@@ -163,8 +181,12 @@ impl Gpu {
         let ctx = CudaContext::new(0).map_err(|e| Error::Backend(format!("no usable CUDA device: {e:?}")))?;
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
-        let ptx = cached_ptx(arch)?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
+        let module = match cached_cubin(arch).map(|c| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c))) {
+            Some(Ok(module)) => module,
+            _ => ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(cached_ptx(arch)?))
+                .map_err(driver_err)?,
+        };
         // One stream, so the automatic cross-stream event tracking has nothing to do.
         // SAFETY: no buffer of this context is used from a second stream.
         unsafe { ctx.disable_event_tracking() };
