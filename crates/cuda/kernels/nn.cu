@@ -866,15 +866,17 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
 ATTENTION_GQA_ONLINE(4)
 ATTENTION_GQA_ONLINE(8)
 
-// Decode attention a query head a block with several keys in flight a warp (attention_split's
-// grid, parameters and partials; MLXCEL_ATT_LANES=1, off until measured on a GPU). attention_split
-// takes a key a warp at a time, so each warp waits a round trip a key. Here LPK lanes take a key,
-// 8 channels a lane (one 16-byte load of the key and one of its value), so a warp holds 32 / LPK
-// keys, and each such slot takes U keys at a time with every load issued before any is used.
-// Each slot keeps an online softmax (running max m, sum l, and its channels' output rescaled as
-// m grows); the block's 4 · 32 / LPK slots merge in shared memory. Heads of D = 8 · LPK channels
-// for q, k and v alike; 16-bit caches (KV), 16-byte aligned rows.
-template <int LPK, int U, bool PAGED, class KV>
+// Decode attention a query head a block (or G heads of one kv head) with several keys in flight
+// a warp (attention_split's grid, parameters and partials; MLXCEL_ATT_LANES=0 goes back to it).
+// attention_split takes a key a warp at a time, so each warp waits a round trip a key. Here LPK
+// lanes take a key, 8 channels a lane (one 16-byte load of the key and one of its value), so a
+// warp holds 32 / LPK keys, and each such slot takes U keys at a time with every load issued
+// before any is used. Each slot keeps an online softmax (running max m, sum l, and its channels'
+// output rescaled as m grows) for each of the block's G query heads, which share every key and
+// value loaded; the block's 4 · 32 / LPK slots merge in shared memory. Block x takes query rows
+// G·x .. G·x + G - 1 (G divides the group, so they share the batch row and kv head). Heads of
+// D = 8 · LPK channels for q, k and v alike; 16-bit caches (KV), 16-byte aligned rows.
+template <int LPK, int U, int G, bool PAGED, class KV>
 __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, const void* k, const void* v,
                                                      const void* kv_len, int len_kind, int len_count, float* part,
                                                      i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
@@ -882,12 +884,11 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
                                                      const RopeIn& rp) {
   constexpr int D = 8 * LPK, KPW = 32 / LPK, SLOTS = 4 * KPW;
   typedef typename KV::T T;
-  __shared__ float wm[SLOTS], wl[SLOTS], wf[SLOTS], wacc[SLOTS][D];
-  const i64 row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-  const i64 bi = row / hq, hi = row % hq, kvh = hi / (hq / hkv);
+  __shared__ float wm[G][SLOTS], wl[G][SLOTS], wf[G][SLOTS], wacc[G][SLOTS][D];
+  const i64 row0 = blockIdx.x * G, split = blockIdx.y, splits = gridDim.y;
+  const i64 bi = row0 / hq, hi = row0 % hq, kvh = hi / (hq / hkv);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c0 = (lane % LPK) * 8, slot = warp * KPW + lane / LPK;
-  float* out = part + (row * splits + split) * (D + 2);
   if (rp.k) rp.write((void*)k, (void*)v, KV::DT, bi, hkv, kvh, s, D, D, split, chunk, error, tag);
   // Causal or not, the one query sees [lo, len) (gqa_keys); a bad length flags the error and
   // sees no key, so the partial written below is the empty one (max -inf, sum 0).
@@ -896,14 +897,18 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
   gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
   const i64 j1 = j0 + n;
   const i64 kbase = (bi * hkv + kvh) * s;
-  float qv[8], acc[8];
+  float qv[G][8], acc[G][8], m[G], l[G];
   const float qpos = rp.k ? rp.position(bi) : 0.0f;
 #pragma unroll
-  for (int e = 0; e < 8; e++) {
-    qv[e] = rp.k ? rp.rotated(q, qdt, row * D, c0 + e, qpos) : ldf(q, qdt, row * D + c0 + e);
-    acc[e] = 0.0f;
+  for (int h = 0; h < G; h++) {
+    m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const i64 at = (row0 + h) * D;
+      qv[h][e] = rp.k ? rp.rotated(q, qdt, at, c0 + e, qpos) : ldf(q, qdt, at + c0 + e);
+      acc[h][e] = 0.0f;
+    }
   }
-  float m = -INFINITY, l = 0.0f;
   // The trip count is the same in every lane, so the shuffles below see the whole warp.
   for (i64 jb = j0; jb < j1; jb += SLOTS * U) {
     unsigned kw[U][4], vw[U][4];
@@ -922,83 +927,109 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
         for (int i = 0; i < 4; i++) kw[u][i] = vw[u][i] = 0u;
       }
     }
-    float sc[U];
+    float sc[G][U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       float kf[8];
       run_floats<8>(kw[u], KV::DT, kf);
-      sc[u] = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 8; e++) sc[u] += qv[e] * kf[e];
+      for (int h = 0; h < G; h++) {
+        sc[h][u] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) sc[h][u] += qv[h][e] * kf[e];
+      }
     }
 #pragma unroll
     for (int o = LPK / 2; o > 0; o >>= 1)
 #pragma unroll
-      for (int u = 0; u < U; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-    float mn = m;
+      for (int h = 0; h < G; h++)
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      sc[u] *= scale;
-      if (softcap > 0.0f) sc[u] = softcap * tanhf(sc[u] / softcap);
-      if (!live[u]) sc[u] = -INFINITY;
-      mn = fmaxf(mn, sc[u]);
-    }
+        for (int u = 0; u < U; u++) sc[h][u] += __shfl_xor_sync(0xffffffffu, sc[h][u], o);
     // No key of this slot in the round (keys grow with u; no shuffles follow). A NaN score is
-    // not skipped: fmaxf would drop it from mn, and it must reach the output as attention_split
-    // lets it.
+    // not skipped: fmaxf would drop it from the max, and it must reach the output as
+    // attention_split lets it.
     if (!live[0]) continue;
-    const float corr = expf(m - mn);  // 0 while m is -inf
-    l *= corr;
+    float p[G][U];
 #pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] *= corr;
+    for (int h = 0; h < G; h++) {
+      float mn = m[h];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        sc[h][u] *= scale;
+        if (softcap > 0.0f) sc[h][u] = softcap * tanhf(sc[h][u] / softcap);
+        if (!live[u]) sc[h][u] = -INFINITY;
+        mn = fmaxf(mn, sc[h][u]);
+      }
+      const float corr = expf(m[h] - mn);  // 0 while m is -inf
+      l[h] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[h][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        p[h][u] = expf(sc[h][u] - mn);  // 0 for a key past the range
+        l[h] += p[h][u];
+      }
+      m[h] = mn;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const float p = expf(sc[u] - mn);  // 0 for a key past the range
       float vf[8];
       run_floats<8>(vw[u], KV::DT, vf);
-      l += p;
 #pragma unroll
-      for (int e = 0; e < 8; e++) acc[e] += p * vf[e];
+      for (int h = 0; h < G; h++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[h][e] += p[h][u] * vf[e];
     }
-    m = mn;
   }
-  if (c0 == 0) { wm[slot] = m; wl[slot] = l; }
 #pragma unroll
-  for (int e = 0; e < 8; e++) wacc[slot][c0 + e] = acc[e];
-  __syncthreads();
-  float mx = -INFINITY;
+  for (int h = 0; h < G; h++) {
+    if (c0 == 0) { wm[h][slot] = m[h]; wl[h][slot] = l[h]; }
 #pragma unroll
-  for (int i = 0; i < SLOTS; i++) mx = fmaxf(mx, wm[i]);
-  if (threadIdx.x < SLOTS) wf[threadIdx.x] = wm[threadIdx.x] == -INFINITY ? 0.0f : expf(wm[threadIdx.x] - mx);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < SLOTS; i++) tot += wl[i] * wf[i];
-    out[0] = mx;
-    out[1] = tot;
+    for (int e = 0; e < 8; e++) wacc[h][slot][c0 + e] = acc[h][e];
   }
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float o = 0.0f;
+  __syncthreads();
+  if (threadIdx.x < G * SLOTS) {
+    const int h = threadIdx.x / SLOTS, i = threadIdx.x % SLOTS;
+    float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < SLOTS; i++) o += wacc[i][c] * wf[i];
-    out[2 + c] = o;
+    for (int r = 0; r < SLOTS; r++) mx = fmaxf(mx, wm[h][r]);
+    wf[h][i] = wm[h][i] == -INFINITY ? 0.0f : expf(wm[h][i] - mx);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < G; h++) {
+    float* out = part + ((row0 + h) * splits + split) * (D + 2);
+    if (threadIdx.x == 0) {
+      float mx = -INFINITY, tot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < SLOTS; i++) mx = fmaxf(mx, wm[h][i]), tot += wl[h][i] * wf[h][i];
+      out[0] = mx;
+      out[1] = tot;
+    }
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+      float o = 0.0f;
+#pragma unroll
+      for (int i = 0; i < SLOTS; i++) o += wacc[h][i][c] * wf[h][i];
+      out[2 + c] = o;
+    }
   }
 }
-template <int LPK, bool PAGED>
+template <int LPK, int G, bool PAGED>
 __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const void* k, const void* v, int kdt,
                                                 const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
                                                 i64 hkv, i64 s, float scale, int causal, i64 window, float softcap,
                                                 i64 chunk, int* error, int tag, KvPages pg,
                                                 const RopeIn& rp = RopeIn{}) {
-  // Keys a slot has in flight; a warp's (32 / LPK slots): 16, 8, 8 and 4 for D = 32, 64, 128, 256.
-  constexpr int U = LPK <= 8 ? 2 : 4;
+  // Keys a slot has in flight; a warp's (32 / LPK slots): 16, 8, 8 and 4 for D = 32, 64, 128, 256
+  // a head, half that (128 and 256 channels) where a block takes several heads, whose scores
+  // and outputs take the registers.
+  constexpr int U = LPK <= 8 ? 2 : G > 1 ? 2 : 4;
   if (kdt == 1)
-    attention_lanes_rows<LPK, U, PAGED, F16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
-                                             causal, window, softcap, chunk, error, tag, pg, rp);
+    attention_lanes_rows<LPK, U, G, PAGED, F16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
+                                                causal, window, softcap, chunk, error, tag, pg, rp);
   else
-    attention_lanes_rows<LPK, U, PAGED, BF16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
-                                              causal, window, softcap, chunk, error, tag, pg, rp);
+    attention_lanes_rows<LPK, U, G, PAGED, BF16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
+                                                 causal, window, softcap, chunk, error, tag, pg, rp);
 }
 // attention_lanes_{D}, _paged_{D} and _rope_{D}: attention_split's, attention_split_paged's and
 // attention_split_rope's parameters (d and dv unused: both D).
@@ -1007,8 +1038,8 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
       i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
-    attention_lanes<D / 8, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,    \
-                                  window, softcap, chunk, error, tag, KvPages{});                                      \
+    attention_lanes<D / 8, 1, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
+                                     window, softcap, chunk, error, tag, KvPages{});                                   \
     splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
   }                                                                                                                    \
   extern "C" __global__ void attention_lanes_paged_##D(                                                                \
@@ -1016,17 +1047,34 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
       i64 window, float softcap, i64 chunk, int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, \
       i64 blocks) {                                                                                                    \
-    attention_lanes<D / 8, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,     \
-                                 window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks});   \
+    attention_lanes<D / 8, 1, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,  \
+                                    window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks}); \
     splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
   }                                                                                                                    \
   extern "C" __global__ void attention_lanes_rope_##D(                                                                 \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
       i64 window, float softcap, i64 chunk, int* error, int tag, ROPE_PARAMS) {                                        \
-    attention_lanes<D / 8, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,    \
-                                  window, softcap, chunk, error, tag, KvPages{}, ROPE_IN);                             \
+    attention_lanes<D / 8, 1, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
+                                     window, softcap, chunk, error, tag, KvPages{}, ROPE_IN);                          \
     splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_lanes_g4_##D(                                                                   \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
+    attention_lanes<D / 8, 4, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
+                                     window, softcap, chunk, error, tag, KvPages{});                                   \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x * 4, 4, gridDim.y, D, y, ydt);                                    \
+  }                                                                                                                    \
+  extern "C" __global__ void attention_lanes_paged_g4_##D(                                                             \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, \
+      i64 blocks) {                                                                                                    \
+    attention_lanes<D / 8, 4, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,  \
+                                    window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks}); \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x * 4, 4, gridDim.y, D, y, ydt);                                    \
   }
 ATTENTION_LANES(32)
 ATTENTION_LANES(64)

@@ -935,7 +935,7 @@ pub fn node(
                         4 * (4 * chunk + 4 * 4 * 32 * lane + 2 * 4),
                     ),
                     None => match lanes_attention_kernel(graph, i, if paged { "_paged" } else { "" }) {
-                        Some(name) => (name, rows, 0),
+                        Some(name) => (name, rows / lanes_group(graph, i), 0),
                         None if paged => ("attention_split_paged", rows, 0),
                         None => ("attention_split", rows, 0),
                     },
@@ -1955,17 +1955,31 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     // blocks in all, for tuning).
     static FILL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let fill = *FILL.get_or_init(|| env_usize("MLXCEL_ATT_FILL").unwrap_or(264).max(1));
-    Some(by_keys.max(fill.div_ceil(a.b * a.hq)).min(a.s).clamp(1, 256))
+    let blocks = a.b * a.hq / lanes_group(graph, i);
+    if a.b > 1 && keys_per_split().is_none() {
+        // A batched step has blocks enough: about 4096 in all (serve's 64-row step on the 8B
+        // preset measured 5709 tok/s at 9 splits of 512 blocks), splits of up to 512 keys, so
+        // that each layer's partials stay near rows · 8 · (dv + 2) floats at long contexts.
+        let most = 4096usize.div_ceil(blocks).max(a.s.div_ceil(512));
+        return Some(by_keys.min(most).min(a.s).clamp(1, 256));
+    }
+    Some(by_keys.max(fill.div_ceil(blocks)).min(a.s).clamp(1, 256))
 }
 
 /// The grouped-query decode attention kernel for node `i`, as its channels a lane, where it
-/// applies: one query position, q, k and v heads alike of 128 or 256 channels,
-/// up to 4 query heads a kv head. Elsewhere the per-head kernel measured faster: 64 channels
-/// (qwen2.5-0.5b: 748 against 675 tok/s) and groups of 8 (qwen3-30b-a3b: 179.0 against 164.5,
-/// its per-lane registers for 8 heads). `MLXCEL_ATT_GQA=0` keeps the per-head kernel.
+/// applies and the lanes kernel does not (32-bit caches, or `MLXCEL_ATT_LANES=0`): one query
+/// position, q, k and v heads alike of 128 or 256 channels, up to 4 query heads a kv head.
+/// Elsewhere the per-head kernel measured faster: 64 channels (qwen2.5-0.5b: 748 against 675
+/// tok/s) and groups of 8 (qwen3-30b-a3b: 179.0 against 164.5, its per-lane registers for 8
+/// heads); and the lanes kernel beats it where both apply (H100, per-head lanes at batch 1:
+/// llama-3.1-8b 305.8 against 290.5 tok/s, qwen3-8b 281.8 against 265.8, gemma3-1b 751.3
+/// against 696.5; 4 heads a block in serve's 64-row step: 5709 against 5117).
+/// `MLXCEL_ATT_GQA=0`: never; `=all`: wherever it applies, as before the lanes kernel.
 fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !switch(&ON, "MLXCEL_ATT_GQA", true) {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_ATT_GQA").unwrap_or_default());
+    let lanes = lanes_attention_kernel(graph, i, "").is_some();
+    if mode == "0" || (lanes && mode != "all") {
         return None;
     }
     let a = attention_shape(graph, i)?;
@@ -1981,7 +1995,7 @@ fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
 /// [`Fused::RopeAttention`]: super::fuse::Fused::RopeAttention
 pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static str> {
     let a = attention_shape(graph, i)?;
-    if a.pages.is_some() || decode_attention_splits(graph, i).is_none() {
+    if a.pages.is_some() || decode_attention_splits(graph, i).is_none() || lanes_group(graph, i) > 1 {
         return None;
     }
     match gqa_decode_kernel(graph, i) {
@@ -1999,20 +2013,64 @@ pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static 
 /// attention_split, which runs elsewhere and with `MLXCEL_ATT_LANES=0` (H100: qwen2.5-0.5b 1067.7
 /// against 926.5 tok/s, llama-3.2-1b 1182.9 against 1042.8, qwen3-30b-a3b 304.3 against 274.2).
 fn lanes_attention_kernel(graph: &Graph, i: usize, variant: &str) -> Option<&'static str> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch(&ON, "MLXCEL_ATT_LANES", true)
-        .then(|| lanes_kernel_for(graph, i, variant))
-        .flatten()
+    lanes_on().then(|| lanes_kernel_for(graph, i, variant)).flatten()
 }
 
-/// [`lanes_attention_kernel`] with the switch on.
+/// Whether the lanes decode attention runs where it applies (`MLXCEL_ATT_LANES=0`: never).
+fn lanes_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch(&ON, "MLXCEL_ATT_LANES", true)
+}
+
+/// [`lanes_attention_kernel`] with the switch on: the block of 4 query heads where
+/// [`lanes_group`] says so.
 fn lanes_kernel_for(graph: &Graph, i: usize, variant: &str) -> Option<&'static str> {
+    let a = lanes_shape(graph, i)?;
+    let group = if variant == "_rope" || lanes_group(graph, i) == 1 {
+        ""
+    } else {
+        "_g4"
+    };
+    Some(intern(format!("attention_lanes{variant}{group}_{}", a.d)))
+}
+
+/// Node `i`'s shape where the lanes kernel takes it: one query position, q, k and v heads of
+/// one width of 32, 64, 128 or 256 channels, 16-bit caches.
+fn lanes_shape(graph: &Graph, i: usize) -> Option<AttentionShape> {
     use mlxcel_core::DType;
     let a = attention_shape(graph, i)?;
     let node = &graph.nodes[i];
     let kv = graph.node(node.inputs[1]).dtype;
     let fits = a.t == 1 && a.dv == a.d && matches!(a.d, 32 | 64 | 128 | 256) && matches!(kv, DType::F16 | DType::BF16);
-    (fits && graph.node(node.inputs[2]).dtype == kv).then(|| intern(format!("attention_lanes{variant}_{}", a.d)))
+    (fits && graph.node(node.inputs[2]).dtype == kv).then_some(a)
+}
+
+/// Query heads a block of the lanes decode attention takes for node `i`: 4 in a batched step
+/// where [`group_of_four`] finds them, so the block loads each key and value once for all 4
+/// (`attention_lanes_g4_*`; H100, serve's 64-row step on the 8B preset: 5709 tok/s against 5117
+/// with the grouped `attention_gqa_paged_4` and 4926 with a head a block), else 1. At one row a
+/// head a block wins, having 4 times the blocks (llama-3.1-8b: 305.8 against 291.7 tok/s).
+/// `MLXCEL_ATT_LANES_GROUP=0`: never 4; `=1`: also at one row.
+fn lanes_group(graph: &Graph, i: usize) -> usize {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_ATT_LANES_GROUP").unwrap_or_default());
+    let batched = attention_shape(graph, i).is_some_and(|a| a.b > 1);
+    match mode.as_str() {
+        _ if !lanes_on() => 1,
+        "0" => 1,
+        "1" => group_of_four(graph, i),
+        _ if batched => group_of_four(graph, i),
+        _ => 1,
+    }
+}
+
+/// 4 where node `i` is a decode attention the lanes kernel takes with a multiple of 4 query
+/// heads a kv head, else 1.
+fn group_of_four(graph: &Graph, i: usize) -> usize {
+    match lanes_shape(graph, i) {
+        Some(a) if a.hkv > 0 && a.hq % a.hkv == 0 && (a.hq / a.hkv) % 4 == 0 => 4,
+        _ => 1,
+    }
 }
 
 /// Whether a decode attention's split kernel merges its partials itself (the last block of a
@@ -2366,17 +2424,26 @@ mod tests {
         assert_eq!((paged.hkv, paged.s, paged.dv), (2, 48, 128));
         let p = paged.pages.unwrap();
         assert_eq!((p.width, p.block_size, p.blocks), (3, 16, 6));
-        // Groups of 4 heads of 128: the grouped kernel, 4 channels a lane, for both.
-        assert_eq!(gqa_decode_kernel(&g, at("attention")), Some(4));
-        assert_eq!(gqa_decode_kernel(&g, at("paged_attention")), Some(4));
+        // Groups of 4 heads of 128 in 16-bit caches, two rows: the lanes kernel, 4 heads a
+        // block, for both, not the grouped one.
+        assert_eq!(gqa_decode_kernel(&g, at("attention")), None);
+        assert_eq!(
+            lanes_attention_kernel(&g, at("attention"), ""),
+            Some("attention_lanes_g4_128")
+        );
+        assert_eq!(
+            lanes_attention_kernel(&g, at("paged_attention"), "_paged"),
+            Some("attention_lanes_paged_g4_128")
+        );
         assert!(flash_prefill_kernel(&g, at("paged_attention")).is_none());
     }
 
     #[test]
     fn batched_steps_split_the_cache_less() {
-        // (rows, positions, splits): one row keeps 32 keys a split; 64 rows of 8 kv heads (512
-        // groups) take two splits for about 1024 blocks.
-        for (rows, positions, want) in [(1usize, 600usize, 19usize), (8, 272, 9), (64, 272, 2), (64, 4096, 8)] {
+        // (rows, positions, splits): one row keeps 32 keys a split; 64 rows of 32 heads in
+        // blocks of 4 (512 blocks) take 8 splits for about 4096 blocks, and long caches splits
+        // of 512 keys.
+        for (rows, positions, want) in [(1usize, 600usize, 19usize), (8, 272, 9), (64, 272, 8), (64, 4096, 8)] {
             let mut b = GraphBuilder::default();
             let q = b.input("q", DType::F16, &[rows, 32, 1, 128]);
             let len = b.input("len", DType::I32, &[rows]);
@@ -2410,6 +2477,29 @@ mod tests {
             let g = b.finish(&[y]);
             let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
             assert_eq!(lanes_kernel_for(&g, i, ""), want, "{dt} {d}/{dv} t={t}");
+        }
+    }
+
+    #[test]
+    fn blocks_of_four_query_heads_need_a_group_of_a_multiple_of_four() {
+        // (query heads, kv heads, cache dtype): heads a block.
+        let cases = [
+            (32, 8, DType::F16, 4),
+            (32, 4, DType::BF16, 4),
+            (14, 2, DType::F16, 1),
+            (8, 8, DType::F16, 1),
+            (32, 8, DType::F32, 1),
+        ];
+        for (hq, hkv, dt, want) in cases {
+            let mut b = GraphBuilder::default();
+            let q = b.input("q", dt, &[1, hq, 1, 128]);
+            let len = b.input("len", DType::I32, &[1]);
+            let k = b.state("k", dt, &[1, hkv, 40, 128]);
+            let v = b.state("v", dt, &[1, hkv, 40, 128]);
+            let y = b.attention(q, k, v, len, 0.1, true, None, None).unwrap();
+            let g = b.finish(&[y]);
+            let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+            assert_eq!(group_of_four(&g, i), want, "{hq}/{hkv} {dt}");
         }
     }
 }
