@@ -1034,6 +1034,11 @@ fn attention(cases: &mut Vec<OpCase>) -> Result<()> {
         Attn { batch: 1, kv_heads: 4, gqa: 8, d: 128, dv: 128, t: 1, causal: false, window: None, softcap: None, per_batch_len: false, cap: 200, at: None },
         // Gemma-wide heads in groups of 8 (on CUDA: the per-head kernel at 256 channels).
         Attn { batch: 2, kv_heads: 1, gqa: 8, d: 256, dv: 256, t: 1, causal: true, window: Some(100), softcap: Some(50.0), per_batch_len: true, cap: 300, at: None },
+        // Batched decode rows of groups of 4 and 8 (on CUDA: the lanes kernel, 4 heads a block,
+        // two blocks a kv head for groups of 8) at 128, 64 and 32 channels.
+        Attn { batch: 2, kv_heads: 2, gqa: 4, d: 128, dv: 128, t: 1, causal: true, window: None, softcap: None, per_batch_len: true, cap: 300, at: None },
+        Attn { batch: 2, kv_heads: 2, gqa: 8, d: 64, dv: 64, t: 1, causal: true, window: Some(60), softcap: None, per_batch_len: true, cap: 200, at: None },
+        Attn { batch: 2, kv_heads: 1, gqa: 4, d: 32, dv: 32, t: 1, causal: true, window: None, softcap: Some(2.0), per_batch_len: false, cap: 40, at: None },
         // Prefill chunks in real head sizes (on CUDA: the tensor-core kernel, several tiles of
         // 64 queries and of 64 keys, the last ones partial): after earlier context, from the
         // start, with a window and softcap over batch rows of different lengths, unmasked.
@@ -1123,6 +1128,8 @@ fn paged_attention(cases: &mut Vec<OpCase>) -> Result<()> {
         Paged { lens: &[70, 1], kv_heads: 2, gqa: 7, d: 64, t: 1, bs: 16, width: 8, window: None, softcap: None },
         Paged { lens: &[90, 200], kv_heads: 1, gqa: 4, d: 256, t: 1, bs: 16, width: 16, window: Some(50), softcap: Some(50.0) },
         Paged { lens: &[33], kv_heads: 4, gqa: 8, d: 128, t: 1, bs: 16, width: 4, window: None, softcap: None },
+        // Groups of 8 in a batched step (on CUDA: two blocks of 4 heads a kv head), 64 channels.
+        Paged { lens: &[150, 3, 64], kv_heads: 2, gqa: 8, d: 64, t: 1, bs: 16, width: 12, window: None, softcap: None },
         // A batched step of 16 rows (on CUDA: 128 groups take splits longer than 32 keys).
         Paged { lens: &[320, 17, 200, 64, 1, 300, 129, 250, 33, 310, 96, 160, 5, 288, 77, 240], kv_heads: 8, gqa: 4, d: 128, t: 1, bs: 16, width: 20, window: None, softcap: None },
     ];
