@@ -1031,26 +1031,32 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
     attention_lanes_rows<LPK, U, G, PAGED, BF16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
                                                  causal, window, softcap, chunk, error, tag, pg, rp);
 }
-// attention_lanes_{D}, _paged_{D} and _rope_{D}: attention_split's, attention_split_paged's and
-// attention_split_rope's parameters (d and dv unused: both D).
-#define ATTENTION_LANES(D)                                                                                             \
-  extern "C" __global__ void attention_lanes_##D(                                                                      \
+// attention_lanes{SFX}_{D} and attention_lanes_paged{SFX}_{D}, G query heads a block (SFX ""
+// for 1, "_g4" for 4): attention_split's and attention_split_paged's parameters (d and dv
+// unused: both D).
+#define ATTENTION_LANES_DENSE_PAGED(D, G, SFX)                                                                         \
+  extern "C" __global__ void attention_lanes##SFX##_##D(                                                               \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
       i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
-    attention_lanes<D / 8, 1, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
+    attention_lanes<D / 8, G, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
                                      window, softcap, chunk, error, tag, KvPages{});                                   \
-    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x * G, G, gridDim.y, D, y, ydt);                                    \
   }                                                                                                                    \
-  extern "C" __global__ void attention_lanes_paged_##D(                                                                \
+  extern "C" __global__ void attention_lanes_paged##SFX##_##D(                                                         \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
       i64 window, float softcap, i64 chunk, int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, \
       i64 blocks) {                                                                                                    \
-    attention_lanes<D / 8, 1, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,  \
+    attention_lanes<D / 8, G, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,  \
                                     window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks}); \
-    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
-  }                                                                                                                    \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x * G, G, gridDim.y, D, y, ydt);                                    \
+  }
+// Those at 1 and 4 heads a block, and attention_lanes_rope_{D} (attention_split_rope's
+// parameters), a head a block.
+#define ATTENTION_LANES(D)                                                                                             \
+  ATTENTION_LANES_DENSE_PAGED(D, 1, )                                                                                  \
+  ATTENTION_LANES_DENSE_PAGED(D, 4, _g4)                                                                               \
   extern "C" __global__ void attention_lanes_rope_##D(                                                                 \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
@@ -1058,23 +1064,6 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
     attention_lanes<D / 8, 1, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
                                      window, softcap, chunk, error, tag, KvPages{}, ROPE_IN);                          \
     splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
-  }                                                                                                                    \
-  extern "C" __global__ void attention_lanes_g4_##D(                                                                   \
-      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
-      i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
-    attention_lanes<D / 8, 4, false>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal, \
-                                     window, softcap, chunk, error, tag, KvPages{});                                   \
-    splits_done(part, ticket, blockIdx.x, blockIdx.x * 4, 4, gridDim.y, D, y, ydt);                                    \
-  }                                                                                                                    \
-  extern "C" __global__ void attention_lanes_paged_g4_##D(                                                             \
-      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
-      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
-      i64 window, float softcap, i64 chunk, int* error, int tag, const void* table, int table_kind, i64 width, i64 bs, \
-      i64 blocks) {                                                                                                    \
-    attention_lanes<D / 8, 4, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale, causal,  \
-                                    window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks}); \
-    splits_done(part, ticket, blockIdx.x, blockIdx.x * 4, 4, gridDim.y, D, y, ydt);                                    \
   }
 ATTENTION_LANES(32)
 ATTENTION_LANES(64)

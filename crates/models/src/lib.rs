@@ -71,9 +71,9 @@ pub fn spec_for(config: &serde_json::Value) -> Result<DecoderSpec> {
             supported_types().join(", ")
         );
     };
-    let spec = spec(config).with_context(|| format!("reading the {model_type} config"))?;
-    check_spec(&spec, config).with_context(|| format!("reading the {model_type} config"))?;
-    Ok(spec)
+    spec(config)
+        .and_then(|spec| check_spec(&spec, config).map(|()| spec))
+        .with_context(|| format!("reading the {model_type} config"))
 }
 
 /// What every architecture's config must satisfy beyond parsing: sizes that make a model, a
@@ -132,8 +132,7 @@ pub fn is_gguf(path: &Path) -> bool {
 /// while the weights come in. Tensors stay as stored.
 pub fn load_with_progress(path: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Transformer> {
     let (spec, loader) = open(path, progress)?;
-    let model = Transformer::load(spec, &loader)?;
-    every_tensor_read(&model.spec, &loader.checkpoint)?;
+    let model = load_strictly(spec, &loader)?;
     loader.checkpoint.prefetch(progress);
     Ok(model)
 }
@@ -160,13 +159,20 @@ pub fn load_spec(
 ) -> Result<(Transformer, DTypePlan)> {
     let plan = dtype_policy::plan(policy, backend, &spec);
     loader.checkpoint.set_float_dtype(plan.tensors);
-    let model = Transformer::load(spec, &loader)?;
-    every_tensor_read(&model.spec, &loader.checkpoint)?;
+    let model = load_strictly(spec, &loader)?;
     if plan.tensors.is_none() {
         // Converting read every tensor already; tensors as stored are still only mapped.
         loader.checkpoint.prefetch(progress);
     }
     Ok((model, plan))
+}
+
+/// The model `spec` describes, from `loader`'s checkpoint, which must hold no tensor it leaves
+/// unread ([`every_tensor_read`]).
+fn load_strictly(spec: DecoderSpec, loader: &layers::Loader) -> Result<Transformer> {
+    let model = Transformer::load(spec, loader)?;
+    every_tensor_read(&model.spec, &loader.checkpoint)?;
+    Ok(model)
 }
 
 /// Fails where the checkpoint holds tensors the model as its config describes it did not read

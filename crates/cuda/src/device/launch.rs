@@ -1978,7 +1978,7 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
 fn gqa_decode_kernel(graph: &Graph, i: usize) -> Option<usize> {
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| std::env::var("MLXCEL_ATT_GQA").unwrap_or_default());
-    let lanes = lanes_attention_kernel(graph, i, "").is_some();
+    let lanes = lanes_on() && lanes_shape(graph, i).is_some();
     if mode == "0" || (lanes && mode != "all") {
         return None;
     }
@@ -2468,14 +2468,7 @@ mod tests {
             (DType::F16, 64, 64, 5, None),
         ];
         for (dt, d, dv, t, want) in cases {
-            let mut b = GraphBuilder::default();
-            let q = b.input("q", dt, &[1, 8, t, d]);
-            let len = b.input("len", DType::I32, &[1]);
-            let k = b.state("k", dt, &[1, 1, 40, d]);
-            let v = b.state("v", dt, &[1, 1, 40, dv]);
-            let y = b.attention(q, k, v, len, 0.1, true, None, None).unwrap();
-            let g = b.finish(&[y]);
-            let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+            let (g, i) = one_row_attention(dt, (8, 1), (d, dv), t);
             assert_eq!(lanes_kernel_for(&g, i, ""), want, "{dt} {d}/{dv} t={t}");
         }
     }
@@ -2491,16 +2484,24 @@ mod tests {
             (32, 8, DType::F32, 1),
         ];
         for (hq, hkv, dt, want) in cases {
-            let mut b = GraphBuilder::default();
-            let q = b.input("q", dt, &[1, hq, 1, 128]);
-            let len = b.input("len", DType::I32, &[1]);
-            let k = b.state("k", dt, &[1, hkv, 40, 128]);
-            let v = b.state("v", dt, &[1, hkv, 40, 128]);
-            let y = b.attention(q, k, v, len, 0.1, true, None, None).unwrap();
-            let g = b.finish(&[y]);
-            let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+            let (g, i) = one_row_attention(dt, (hq, hkv), (128, 128), 1);
             assert_eq!(group_of_four(&g, i), want, "{hq}/{hkv} {dt}");
         }
+    }
+
+    /// An attention of one batch row over a 40-position cache in `dt`: `heads` (query, kv) of
+    /// `widths` (q/k, v), `t` query positions; the graph and the attention's node.
+    fn one_row_attention(dt: DType, heads: (usize, usize), widths: (usize, usize), t: usize) -> (Graph, usize) {
+        let ((hq, hkv), (d, dv)) = (heads, widths);
+        let mut b = GraphBuilder::default();
+        let q = b.input("q", dt, &[1, hq, t, d]);
+        let len = b.input("len", DType::I32, &[1]);
+        let k = b.state("k", dt, &[1, hkv, 40, d]);
+        let v = b.state("v", dt, &[1, hkv, 40, dv]);
+        let y = b.attention(q, k, v, len, 0.1, true, None, None).unwrap();
+        let g = b.finish(&[y]);
+        let i = g.nodes.iter().position(|n| n.op.name() == "attention").unwrap();
+        (g, i)
     }
 }
 

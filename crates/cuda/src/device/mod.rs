@@ -81,11 +81,16 @@ pub fn cache_name(arch: &str, driver: i32) -> String {
 /// them skips the driver's compile of the PTX, about 70 s on a machine that has not run this
 /// source before. None where there is none; one the driver refuses falls back to the PTX.
 fn cached_cubin(arch: &'static str) -> Option<Vec<u8>> {
+    let name = cache_name(arch, driver_version()).replace(".ptx", ".cubin");
+    std::fs::read(cache_dir()?.join(name)).ok()
+}
+
+/// The CUDA driver's version (13000 for 13.0), part of the kernel cache's key.
+fn driver_version() -> i32 {
     let mut driver = 0;
     // SAFETY: writes one int; the driver library was probed before.
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-    let name = cache_name(arch, driver).replace(".ptx", ".cubin");
-    std::fs::read(cache_dir()?.join(name)).ok()
+    driver
 }
 
 /// Where compiled kernels are kept: `MLXCEL_CACHE_DIR`, else `$XDG_CACHE_HOME/mlxcel`, else
@@ -102,10 +107,7 @@ fn cache_dir() -> Option<std::path::PathBuf> {
 /// else `~/.cache/mlxcel`); compiled with NVRTC and stored otherwise. A cache that cannot be
 /// read or written is only slower.
 fn cached_ptx(arch: &'static str) -> Result<String> {
-    let mut driver = 0;
-    // SAFETY: writes one int; the driver library was probed before.
-    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-    let key = cache_name(arch, driver);
+    let key = cache_name(arch, driver_version());
     let dir = cache_dir();
     if let Some(dir) = &dir {
         if let Ok(ptx) = std::fs::read_to_string(dir.join(&key)) {
