@@ -1603,6 +1603,188 @@ QMM_ROWS(bf16, BF16, 2)
 QMM_ROWS(bf16, BF16, 4)
 QMM_ROWS(bf16, BF16, 8)
 
+// ---- qmm_rows with each warp's weights streamed through shared memory ---------------------------
+// The same blocks, lanes and math as qmm_rows (so the same outputs, bit for bit), for scales and
+// biases in x's dtype and groups of 32 or 64: cp.async keeps the next S - 1 chunks of each warp's
+// weights, scales and biases in flight in a shared-memory ring, where qmm_rows holds one chunk
+// in registers (254 of them, two blocks an SM, one chunk a warp in flight). NT is the exact
+// count of 8-row tiles of x (the last zero-padded), so the loop tests no tile, and offsets are
+// 32-bit. A warp's stage: its 32 weight rows' 4 words of the chunk (row r at r · 64 bytes: a
+// quarter warp reads rows g and g + 1 whole, no bank conflict), then the rows' scales, then their
+// biases, spr = 128 / group values a row each (4-byte copies: a row's values of a chunk start on
+// 4 bytes since k / group is even).
+#define QR_RING_STAGES 3
+
+template <int N> __device__ __forceinline__ void cp_async_wait_n() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <class X, int NT, int S>
+__device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const void* s, const void* z, void* y,
+                                         int ydt, float* part, int rows, int n, int k, int group, int c0, int c1,
+                                         int split) {
+  typedef TensorCore<X> TC;
+  typedef Pair<X> P;
+  extern __shared__ uint4 qring[];
+  uint4* xs = qring;                        // this chunk of x: [row][word j][run t]
+  uint4* xn = xs + 8 * NT * QR_STRIDE;      // the next chunk of x as it lands: [row][word]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int hs = group == 32 ? 1 : 0, half = 1 << hs, spr = 2 * half;  // a row's scale words, values a chunk
+  const int sbytes = 64 * spr, stage = 2048 + 2 * sbytes;
+  unsigned char* ring = (unsigned char*)(xn + 8 * NT * 16) + warp * S * stage;
+  const int row0 = blockIdx.x * QR_ROWS + warp * 32;  // the warp's first weight row
+  const bool live0 = row0 < n, live1 = row0 + 16 < n;  // n is a multiple of 16: a tile is all in or out
+  const int wrow = k / 32, srow = (k >> (6 - hs)) / 2;   // a row's uint4 of weights, 4-byte words of scales
+  // The copies of a chunk: lane takes word t of rows g + 8i (i < 4) and the scale and bias words
+  // lane + 32q (q < half) of the stage, row (lane + 32q) / half. A dead tile's rows are not
+  // copied (its products are never stored).
+  const int wbase = (row0 + g) * wrow + t, sbase = (row0 + (lane >> hs)) * srow + (lane & hs);
+  auto issue = [&](int c, int slot) {  // c past the split: an empty group, so the waits stay uniform
+    if (c < c1) {
+      unsigned char* st = ring + slot * stage;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        if (i < 2 ? live0 : live1)
+          cp_async16(st + (g + 8 * i) * 64 + t * 16, (const uint4*)w + wbase + 8 * i * wrow + c * 4);
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        if (q >= half) break;
+        const int e = lane + 32 * q, so = sbase + q * (32 >> hs) * srow + c * half;
+        if ((e >> hs) < 16 ? live0 : live1) {
+          cp_async4(st + 2048 + 4 * e, (const unsigned*)s + so);
+          cp_async4(st + 2048 + sbytes + 4 * e, (const unsigned*)z + so);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  // x a chunk at a time: copied as it is into xn a chunk ahead (thread row r = tid / 16 + 8e,
+  // word u = tid % 16; rows past `rows` stay zero), then reordered into xs as qmm_rows stages it.
+  const int xr0 = threadIdx.x >> 4, xu = threadIdx.x & 15, xrow = k / 8;
+  auto xcopy = [&](int c) {
+    if (c < c1) {
+#pragma unroll
+      for (int e = 0; e < NT; e++) {
+        const int r = xr0 + 8 * e;
+        if (r < rows) cp_async16(&xn[r * 16 + xu], (const uint4*)x + r * xrow + c * 16 + xu);
+      }
+    }
+    cp_async_commit();
+  };
+  auto xorder = [&]() {
+#pragma unroll
+    for (int e = 0; e < NT; e++) {
+      const int r = xr0 + 8 * e;
+      const uint4 v = xn[r * 16 + xu];
+      xs[r * QR_STRIDE + (xu & 3) * 4 + (xu >> 2)] =
+          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                     __byte_perm(v.y, v.w, 0x7632));
+    }
+  };
+#pragma unroll
+  for (int e = 0; e < NT; e++)
+    if (xr0 + 8 * e >= rows) xn[(xr0 + 8 * e) * 16 + xu] = make_uint4(0, 0, 0, 0);
+  float acc[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
+  const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
+  const int gi = t >> (1 - hs);  // this lane's group in a chunk (run t)
+  // Copy groups in order: weights of chunks c0 .. c0 + S - 3, x of c0, weights of c0 + S - 2; then
+  // each chunk c adds x of c + 1 and weights of c + S - 1. So at chunk c's top, all but the
+  // newest group done means its x and weights are in.
+#pragma unroll
+  for (int f = 0; f < S - 2; f++) issue(c0 + f, f);
+  xcopy(c0);
+  issue(c0 + S - 2, S - 2);
+  int slot = 0;
+  for (int c = c0; c < c1; c++) {
+    cp_async_wait_n<1>();
+    __syncthreads();  // chunk c's x and weights are in for every thread; xs and slot c - 1 are free
+    xorder();
+    __syncthreads();  // xs holds chunk c; xn is free
+    const unsigned char* st = ring + slot * stage;
+    uint4 cur[2][2];
+    unsigned sc[2][2], bi[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = m * 16 + g + 8 * r;
+        cur[m][r] = *(const uint4*)(st + row * 64 + t * 16);
+        sc[m][r] = 0x10001u * *(const unsigned short*)(st + 2048 + row * spr * 2 + gi * 2);
+        bi[m][r] = 0x10001u * *(const unsigned short*)(st + 2048 + sbytes + row * spr * 2 + gi * 2);
+      }
+    xcopy(c + 1);
+    issue(c + S - 1, slot == 0 ? S - 1 : slot - 1);
+    slot = slot + 1 == S ? 0 : slot + 1;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      unsigned a[2][2][4];
+#pragma unroll
+      for (int m = 0; m < 2; m++) {
+        const unsigned wa = ((const unsigned*)&cur[m][0])[j], wb = ((const unsigned*)&cur[m][1])[j];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int sh = 8 * h;
+          a[m][h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
+          a[m][h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
+          a[m][h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
+          a[m][h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NT; i++) {
+        const uint4 b = xs[(i * 8 + g) * QR_STRIDE + j * 4 + t];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+          TC::mma(acc[m][i], a[m][0], b.x, b.y);
+          TC::mma(acc[m][i], a[m][1], b.z, b.w);
+        }
+      }
+    }
+  }
+  cp_async_wait_n<0>();  // no copy outlives the block
+  // Lane (g, t) holds rows g and g + 8 of each tile for rows 2t and 2t + 1 of each x tile.
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    if (!(m ? live1 : live0)) continue;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int xi = i * 8 + 2 * t + (e & 1), wr = row0 + m * 16 + g + 8 * (e >> 1);
+        if (xi >= rows) continue;
+        if (part) part[((i64)split * rows + xi) * n + wr] = acc[m][i][e];
+        else stf(y, ydt, (i64)xi * n + wr, acc[m][i][e]);
+      }
+    }
+  }
+}
+// qmm_ring_{x}_{NT}: qmm_rows_{x}_{NT}'s parameters (sdt must be x's dtype code, group 32 or
+// 64); dynamic shared memory: 8 · NT · (QR_STRIDE + 16) · 16 bytes of x, then 4 warps x
+// QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes.
+#define QMM_RING(XN, X, NT)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_##XN##_##NT(                                         \
+      const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
+      i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
+    const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                          \
+    const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;                                     \
+    qmm_ring<X, NT, QR_RING_STAGES>(x, w, s, z, y, ydt, part, (int)rows, (int)n, (int)k, group, c0, c1, blockIdx.y); \
+  }
+#define QMM_RING_X(XN, X)                                                                                            \
+  QMM_RING(XN, X, 1)                                                                                                 \
+  QMM_RING(XN, X, 2)                                                                                                 \
+  QMM_RING(XN, X, 3)                                                                                                 \
+  QMM_RING(XN, X, 4)                                                                                                 \
+  QMM_RING(XN, X, 5)                                                                                                 \
+  QMM_RING(XN, X, 6)                                                                                                 \
+  QMM_RING(XN, X, 7)                                                                                                 \
+  QMM_RING(XN, X, 8)
+QMM_RING_X(f16, F16)
+QMM_RING_X(bf16, BF16)
+
 // y [count] (dtype ydt) = the sum of qmm_rows's split partials part [splits, count], in order.
 extern "C" __global__ void qmm_rows_sum(const float* part, i64 splits, i64 count, void* y, int ydt) {
   for (i64 i = gid(); i < count; i += gstride()) {

@@ -722,6 +722,13 @@ fn quantized(cases: &mut Vec<OpCase>) -> Result<()> {
             (33, 1024, 160, 64),
             (64, 256, 80, 64),
             (64, 2048, 32, 64),
+            // CUDA's ring kernel: 3, 5, 6 and 7 tiles of x; 272 rows (a block with one live
+            // tile of 16 of its 8); splits of 4 chunks, more than its ring's 3 stages.
+            (24, 1536, 272, 32),
+            (40, 640, 96, 64),
+            (48, 768, 112, 64),
+            (56, 512, 48, 32),
+            (20, 4096, 2176, 64),
         ] {
             let mut c = Case::new(format!("quantized_matmul/{dt}/4bit/g{group}/batch/{rows}x{k}/n{n}"));
             let x = c.input("x", dt, &[rows, k], 1.0)?;

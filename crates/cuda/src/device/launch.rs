@@ -2193,7 +2193,7 @@ fn qmm_rows(
         I64(q.per_split as i64),
     ];
     let grid = (q.n.div_ceil(QR_ROWS) as u32, q.splits as u32);
-    gpu.launch_grid(q.name, grid, 128, 0, &args)?;
+    gpu.launch_grid(q.name, grid, 128, q.smem, &args)?;
     if q.splits == 1 {
         return Ok(());
     }
@@ -2214,6 +2214,8 @@ const QR_ROWS: usize = 128;
 /// A product qmm_rows (gemv.cu) takes, and its launch.
 pub(crate) struct QmmRows {
     name: &'static str,
+    /// Dynamic shared memory of the launch (the ring kernel's; 0 for qmm_rows).
+    smem: u32,
     rows: usize,
     n: usize,
     k: usize,
@@ -2267,8 +2269,9 @@ pub(crate) fn qmm_rows_kernel(
     Some(intern(name))
 }
 
-/// Node `i` as qmm_rows takes it: k split so that up to two blocks run on each SM (the 132 of an
-/// H200), at most 8 ways (each split's partials are a rows x n f32 array to add).
+/// Node `i` as qmm_rows takes it: k split so that the grid fills one wave (two blocks an SM of
+/// the 132 of an H200; three for the ring kernel), at most 8 ways (each split's partials are a
+/// rows x n f32 array to add).
 pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let node = &graph.nodes[i];
     let Op::QuantizedMatMul { bits, group_size } = node.op else {
@@ -2278,15 +2281,34 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let k = *x.shape.last()?;
     let rows = x.shape.iter().product::<usize>() / k.max(1);
     let n = *w.shape.first()?;
-    let same_scales = graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype;
+    let scales = graph.node(node.inputs[2]).dtype;
+    let same_scales = scales == graph.node(node.inputs[3]).dtype;
     let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k).filter(|_| same_scales)?;
+    let ring = qmm_ring_smem(x.dtype, scales, group_size, rows);
+    let (name, smem, per_sm) = match ring {
+        Some(smem) => (
+            intern(format!(
+                "qmm_ring_{}_{}",
+                if x.dtype == mlxcel_core::DType::F16 {
+                    "f16"
+                } else {
+                    "bf16"
+                },
+                rows.div_ceil(8)
+            )),
+            smem,
+            3,
+        ),
+        None => (name, 0, 2),
+    };
     let chunks = k / 128;
-    // As many splits as keep the grid within one wave of two blocks an SM (a second, part-full
-    // wave would cost as much as the first).
-    let wanted = (264 / n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
+    // As many splits as keep the grid within one wave (a second, part-full wave would cost as
+    // much as the first).
+    let wanted = (132 * per_sm / n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
     let per_split = chunks.div_ceil(wanted);
     Some(QmmRows {
         name,
+        smem,
         rows,
         n,
         k,
@@ -2294,6 +2316,24 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
         splits: chunks.div_ceil(per_split),
         per_split,
     })
+}
+
+/// Stages of each warp's ring in qmm_ring (gemv.cu, QR_RING_STAGES).
+const QR_RING_STAGES: usize = 3;
+
+/// The dynamic shared memory of qmm_ring (gemv.cu) for `rows` rows of x, where the ring kernel
+/// takes a product qmm_rows would: scales and biases in x's dtype, groups of 32 or 64.
+/// `MLXCEL_QMM_RING=0` keeps qmm_rows (one chunk of weights a warp in registers), for comparison.
+fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize, rows: usize) -> Option<u32> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if x != scales || !matches!(group, 32 | 64) || !switch(&ON, "MLXCEL_QMM_RING", true) {
+        return None;
+    }
+    const QR_STRIDE: usize = 20; // gemv.cu: a staged row of x, in 16-byte words
+    let tiles = rows.div_ceil(8);
+    let x_bytes = 8 * tiles * (QR_STRIDE + 16) * 16;
+    let stage = 2048 + 2 * 64 * (128 / group); // weights, then scales and biases of 32 rows
+    Some((x_bytes + 4 * QR_RING_STAGES * stage) as u32)
 }
 
 /// Scratch node `i` needs while it runs, which every node of a graph shares (one runs at a
@@ -2534,20 +2574,36 @@ mod qmm_rows_tests {
     }
 
     #[test]
+    fn the_ring_takes_scales_in_x_dtype_and_groups_of_32_or_64_only() {
+        let ring = |x, scales, group| qmm_ring_smem(x, scales, group, 16);
+        assert!(ring(DType::F16, DType::F16, 32).is_some());
+        assert!(ring(DType::BF16, DType::BF16, 64).is_some());
+        assert!(ring(DType::F16, DType::BF16, 64).is_none(), "scales in another dtype");
+        assert!(ring(DType::F16, DType::F32, 64).is_none(), "32-bit scales");
+        assert!(
+            ring(DType::F16, DType::F16, 128).is_none(),
+            "a chunk's scale of a row is 2 bytes"
+        );
+        assert_eq!(ring(DType::F16, DType::F16, 32), Some(16 * 36 * 16 + 12 * 2560));
+    }
+
+    #[test]
     fn a_few_rows_take_qmm_rows_with_k_split_for_narrow_weights() {
         assert!(plan(1, 4096, 4096).is_none(), "one row is the GEMV's");
         assert!(plan(65, 4096, 4096).is_none(), "past 64 rows is cuBLAS's");
         assert!(plan(8, 4100, 4096).is_none(), "n must be whole 16-row tiles");
         let q = plan(8, 4096, 4096).unwrap();
-        assert_eq!(q.name, "qmm_rows_f16_1");
-        // 32 blocks of 128 rows: 8 splits of the 32 chunks for about two blocks an SM.
+        assert_eq!(q.name, "qmm_ring_f16_1");
+        // 32 blocks of 128 rows: 8 splits of the 32 chunks for about three blocks an SM.
         assert_eq!((q.splits, q.per_split), (8, 4));
         let q = plan(64, 14336, 4096).unwrap();
-        // 112 blocks: 2 splits (224 blocks) fill one wave; 3 would spill into a second.
-        assert_eq!((q.name, q.splits, q.per_split), ("qmm_rows_f16_8", 2, 16));
-        // A wide weight (the LM head) needs no split, so no partials.
+        // 112 blocks: 3 splits (336 blocks) fill one wave of three an SM; 4 would spill.
+        assert_eq!((q.name, q.splits, q.per_split), ("qmm_ring_f16_8", 3, 11));
+        // 64 KiB: x staged twice (64 rows of 36 16-byte words) and 4 warps' 3 stages of 2304 bytes.
+        assert_eq!(q.smem, 64 * 36 * 16 + 12 * 2304);
+        // A wide weight (the LM head) needs no split, so no partials; 33 rows are 5 tiles of 8.
         let q = plan(33, 128256, 4096).unwrap();
-        assert_eq!((q.name, q.splits), ("qmm_rows_f16_8", 1));
+        assert_eq!((q.name, q.splits), ("qmm_ring_f16_5", 1));
         let g = product(33, 128256, 4096);
         let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
         assert_eq!(
