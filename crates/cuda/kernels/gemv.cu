@@ -1619,9 +1619,10 @@ template <int N> __device__ __forceinline__ void cp_async_wait_n() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <class X, int NT, int S>
-__device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const void* s, const void* z, void* y,
-                                         int ydt, float* part, int rows, int n, int k, int group, int c0, int c1,
+template <class X, int NT, int S, bool GLU>
+__device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, const void* s0, const void* z0,
+                                         const unsigned* w1, const void* s1, const void* z1, void* y, int ydt, int gdt,
+                                         int act, float* part, int rows, int n, int k, int group, int c0, int c1,
                                          int split) {
   typedef TensorCore<X> TC;
   typedef Pair<X> P;
@@ -1632,27 +1633,43 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const
   const int hs = group == 32 ? 1 : 0, half = 1 << hs, spr = 2 * half;  // a row's scale words, values a chunk
   const int sbytes = 64 * spr, stage = 2048 + 2 * sbytes;
   unsigned char* ring = (unsigned char*)(xn + 8 * NT * 16) + warp * S * stage;
-  const int row0 = blockIdx.x * QR_ROWS + warp * 32;  // the warp's first weight row
-  const bool live0 = row0 < n, live1 = row0 + 16 < n;  // n is a multiple of 16: a tile is all in or out
-  const int wrow = k / 32, srow = (k >> (6 - hs)) / 2;   // a row's uint4 of weights, 4-byte words of scales
+  // The warp's weight rows: 32 of w0 from row0 (tile m at row0 + 16m); with GLU, 16 of w0 (tile
+  // 0, the gate) and the same 16 of w1 (tile 1, the up), so a lane holds both of its outputs.
+  const int row0 = blockIdx.x * (GLU ? 64 : QR_ROWS) + warp * (GLU ? 16 : 32);
+  const bool live0 = row0 < n, live1 = GLU ? live0 : row0 + 16 < n;  // n a multiple of 16: tiles all in or out
+  const int wrow = k / 32, srow = (k >> (6 - hs)) / 2;  // a row's uint4 of weights, 4-byte words of scales
+  // Stage row r (tile r / 16) comes from this row of its weight:
+  auto src_row = [&](int r) { return row0 + (GLU ? r & 15 : r); };
+  // A GLU's six weight pointers, read from shared memory at each copy (kept in registers across
+  // the loop, they made the 64-row kernel spill).
+  __shared__ const void* mats[6];
+  if (GLU && threadIdx.x < 6) {
+    const void* p[6] = {w0, s0, z0, w1, s1, z1};
+#pragma unroll
+    for (int i = 0; i < 6; i++)
+      if (threadIdx.x == i) mats[i] = p[i];
+  }
+  if (GLU) __syncthreads();
   // The copies of a chunk: lane takes word t of rows g + 8i (i < 4) and the scale and bias words
   // lane + 32q (q < half) of the stage, row (lane + 32q) / half. A dead tile's rows are not
   // copied (its products are never stored).
-  const int wbase = (row0 + g) * wrow + t, sbase = (row0 + (lane >> hs)) * srow + (lane & hs);
   auto issue = [&](int c, int slot) {  // c past the split: an empty group, so the waits stay uniform
     if (c < c1) {
       unsigned char* st = ring + slot * stage;
 #pragma unroll
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < 4; i++) {
+        const int r = g + 8 * i;
         if (i < 2 ? live0 : live1)
-          cp_async16(st + (g + 8 * i) * 64 + t * 16, (const uint4*)w + wbase + 8 * i * wrow + c * 4);
+          cp_async16(st + r * 64 + t * 16, (const uint4*)(GLU ? mats[i >= 2 ? 3 : 0] : w0) + src_row(r) * wrow + c * 4 + t);
+      }
 #pragma unroll
       for (int q = 0; q < 2; q++) {
         if (q >= half) break;
-        const int e = lane + 32 * q, so = sbase + q * (32 >> hs) * srow + c * half;
-        if ((e >> hs) < 16 ? live0 : live1) {
-          cp_async4(st + 2048 + 4 * e, (const unsigned*)s + so);
-          cp_async4(st + 2048 + sbytes + 4 * e, (const unsigned*)z + so);
+        const int e = lane + 32 * q, r = e >> hs, so = src_row(r) * srow + c * half + (lane & hs);
+        if (r < 16 ? live0 : live1) {
+          const int second = r >= 16 ? 3 : 0;
+          cp_async4(st + 2048 + 4 * e, (const unsigned*)(GLU ? mats[1 + second] : s0) + so);
+          cp_async4(st + 2048 + sbytes + 4 * e, (const unsigned*)(GLU ? mats[2 + second] : z0) + so);
         }
       }
     }
@@ -1698,33 +1715,31 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const
   for (int f = 0; f < S - 2; f++) issue(c0 + f, f);
   xcopy(c0);
   issue(c0 + S - 2, S - 2);
-  int slot = 0;
   for (int c = c0; c < c1; c++) {
+    const int slot = (c - c0) % S;
     cp_async_wait_n<1>();
     __syncthreads();  // chunk c's x and weights are in for every thread; xs and slot c - 1 are free
     xorder();
     __syncthreads();  // xs holds chunk c; xn is free
     const unsigned char* st = ring + slot * stage;
-    uint4 cur[2][2];
+    const unsigned* cur = (const unsigned*)(st + g * 64 + t * 16);  // word j of row g + 8r of tile m: [64m + 32r + j]
     unsigned sc[2][2], bi[2][2];
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         const int row = m * 16 + g + 8 * r;
-        cur[m][r] = *(const uint4*)(st + row * 64 + t * 16);
         sc[m][r] = 0x10001u * *(const unsigned short*)(st + 2048 + row * spr * 2 + gi * 2);
         bi[m][r] = 0x10001u * *(const unsigned short*)(st + 2048 + sbytes + row * spr * 2 + gi * 2);
       }
     xcopy(c + 1);
-    issue(c + S - 1, slot == 0 ? S - 1 : slot - 1);
-    slot = slot + 1 == S ? 0 : slot + 1;
-#pragma unroll
+    issue(c + S - 1, (c - c0 + S - 1) % S);
+#pragma unroll 2
     for (int j = 0; j < 4; j++) {
       unsigned a[2][2][4];
 #pragma unroll
       for (int m = 0; m < 2; m++) {
-        const unsigned wa = ((const unsigned*)&cur[m][0])[j], wb = ((const unsigned*)&cur[m][1])[j];
+        const unsigned wa = cur[256 * m + j], wb = cur[256 * m + 128 + j];  // rows g, g + 8 of tile m
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const int sh = 8 * h;
@@ -1746,7 +1761,27 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const
     }
   }
   cp_async_wait_n<0>();  // no copy outlives the block
-  // Lane (g, t) holds rows g and g + 8 of each tile for rows 2t and 2t + 1 of each x tile.
+  // Lane (g, t) holds rows g and g + 8 of each tile for rows 2t and 2t + 1 of each x tile. With
+  // GLU: act(gate) · up, or both partials, gate then up, of each row of y ([split, rows, 2, n]).
+  if (GLU) {
+    if (!live0) return;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int xi = i * 8 + 2 * t + (e & 1), wr = row0 + g + 8 * (e >> 1);
+        if (xi >= rows) continue;
+        if (part) {
+          float* pr = part + ((i64)split * rows + xi) * 2 * n + wr;
+          pr[0] = acc[0][i][e];
+          pr[n] = acc[1][i][e];
+        } else {
+          stf(y, ydt, (i64)xi * n + wr, glu_out(acc[0][i][e], acc[1][i][e], gdt, act));
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int m = 0; m < 2; m++) {
     if (!(m ? live1 : live0)) continue;
@@ -1764,14 +1799,26 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const
 }
 // qmm_ring_{x}_{NT}: qmm_rows_{x}_{NT}'s parameters (sdt must be x's dtype code, group 32 or
 // 64); dynamic shared memory: 8 · NT · (QR_STRIDE + 16) · 16 bytes of x, then 4 warps x
-// QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes.
+// QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes. qmm_ring_glu_{x}_{NT}: y [rows, n] =
+// act(x·Gᵀ) · (x·Uᵀ) as glu_out makes it (gdt, act as there), blocks of 64 rows of both weights;
+// with several splits, partials [split, rows, 2, n] that qmm_rows_sum_glu finishes.
 #define QMM_RING(XN, X, NT)                                                                                          \
   extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_##XN##_##NT(                                         \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
       i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
     const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                          \
     const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;                                     \
-    qmm_ring<X, NT, QR_RING_STAGES>(x, w, s, z, y, ydt, part, (int)rows, (int)n, (int)k, group, c0, c1, blockIdx.y); \
+    qmm_ring<X, NT, QR_RING_STAGES, false>(x, w, s, z, w, s, z, y, ydt, 0, 0, part, (int)rows, (int)n, (int)k, group, c0, c1,    \
+                                           blockIdx.y);                                                              \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_glu_##XN##_##NT(                                     \
+      const void* x, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,          \
+      const void* zu, int sdt, void* y, int ydt, int gdt, int act, float* part, i64 rows, i64 n, i64 k, int group,    \
+      i64 per_split) {                                                                                                \
+    const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                          \
+    const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;                                     \
+    qmm_ring<X, NT, QR_RING_STAGES, true>(x, wg, sg, zg, wu, su, zu, y, ydt, gdt, act, part, (int)rows,  \
+                                          (int)n, (int)k, group, c0, c1, blockIdx.y);                               \
   }
 #define QMM_RING_X(XN, X)                                                                                            \
   QMM_RING(XN, X, 1)                                                                                                 \
@@ -1784,6 +1831,22 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w, const
   QMM_RING(XN, X, 8)
 QMM_RING_X(f16, F16)
 QMM_RING_X(bf16, BF16)
+
+// y [rows, n] (dtype ydt) = act(gate) · up from qmm_ring_glu's split partials [splits, rows, 2,
+// n], each summed in split order (see glu_out).
+extern "C" __global__ void qmm_rows_sum_glu(const float* part, i64 splits, i64 rows, i64 n, void* y, int ydt, int gdt,
+                                            int act) {
+  for (i64 i = gid(); i < rows * n; i += gstride()) {
+    const i64 r = i / n, c = i % n;
+    float gs = 0.0f, us = 0.0f;
+    for (i64 sp = 0; sp < splits; sp++) {
+      const float* p = part + ((sp * rows + r) * 2) * n + c;
+      gs += p[0];
+      us += p[n];
+    }
+    stf(y, ydt, i, glu_out(gs, us, gdt, act));
+  }
+}
 
 // y [count] (dtype ydt) = the sum of qmm_rows's split partials part [splits, count], in order.
 extern "C" __global__ void qmm_rows_sum(const float* part, i64 splits, i64 count, void* y, int ydt) {

@@ -920,6 +920,24 @@ fn glu_pair(graph: &Graph, g: usize, u: usize) -> bool {
             && pairs <= super::launch::GATHER_GEMV_PAIRS
             && super::launch::tc_gemv_kernel("gather_qgemv", x.dtype, *bits, 1, n * pairs, k).is_some();
     }
+    // A batched step's gate and up on qmm_ring_glu: one launch for both, act · mul in it.
+    if let (
+        Op::QuantizedMatMul { bits, group_size },
+        Op::QuantizedMatMul {
+            bits: bu,
+            group_size: gu,
+        },
+    ) = (&ng.op, &nu.op)
+    {
+        if rows > 1
+            && bits == bu
+            && group_size == gu
+            && (1..4).all(|j| same(j, j))
+            && super::launch::qmm_glu_plan(graph, g).is_some()
+        {
+            return true;
+        }
+    }
     if rows == 0 || rows > GEMV_ROWS || !x.dtype.is_float() {
         return false;
     }

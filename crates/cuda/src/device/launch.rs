@@ -1172,6 +1172,20 @@ pub(crate) fn fused(
             ];
             let xdt = graph.node(*x).dtype;
             match ng.op {
+                Op::QuantizedMatMul { .. } if rows > 1 && norm.is_none() && qmm_glu_plan(graph, *g).is_some() => {
+                    let q = qmm_glu_plan(graph, *g).expect("checked above");
+                    qmm_glu(
+                        gpu,
+                        graph,
+                        &q,
+                        [*g, *u].map(|j| [input(j, 1), input(j, 2), input(j, 3)]),
+                        at,
+                        codes,
+                        x.index(),
+                        at(i),
+                        scratch,
+                    )
+                }
                 Op::QuantizedMatMul { bits, group_size } => {
                     let tc = tc_gemv_kernel("qglu", xdt, bits, rows, n, k);
                     let on_tensor_cores = tc.is_some();
@@ -2208,6 +2222,61 @@ fn qmm_rows(
     gpu.launch("qmm_rows_sum", blocks(count), THREADS, 0, &sum)
 }
 
+/// Launches qmm_ring_glu as planned in `q` for a GLU's gate and up (`mats`: each one's words,
+/// scales and biases nodes) into `out`: act(x·Gᵀ) · (x·Uᵀ) with `codes` (output dtype, product
+/// dtype, activation) as the GLU kernels take them; with several splits, the partials (in
+/// `scratch`) and qmm_rows_sum_glu.
+#[allow(clippy::too_many_arguments)]
+fn qmm_glu(
+    gpu: &Gpu,
+    graph: &Graph,
+    q: &QmmRows,
+    mats: [[usize; 3]; 2],
+    at: &dyn Fn(usize) -> u64,
+    codes: [Arg; 3],
+    x: usize,
+    out: u64,
+    scratch: u64,
+) -> Result<()> {
+    use Arg::{Ptr, I32, I64};
+    let part = if q.splits > 1 { scratch } else { 0 };
+    if q.splits > 1 && scratch == 0 {
+        return Err(Error::Backend(
+            "a split GLU launch was planned without its scratch".into(),
+        ));
+    }
+    let mut args = vec![Ptr(at(x))];
+    for m in mats {
+        args.extend(m.map(|j| Ptr(at(j))));
+    }
+    args.push(I32(fcode(graph.nodes[mats[0][1]].dtype)?));
+    args.push(Ptr(out));
+    args.extend(codes.iter().cloned());
+    args.extend([
+        Ptr(part),
+        I64(q.rows as i64),
+        I64(q.n as i64),
+        I64(q.k as i64),
+        I32(q.group as i32),
+        I64(q.per_split as i64),
+    ]);
+    let grid = (q.n.div_ceil(64) as u32, q.splits as u32);
+    gpu.launch_grid(q.name, grid, 128, q.smem, &args)?;
+    if q.splits == 1 {
+        return Ok(());
+    }
+    let count = q.rows * q.n;
+    let mut sum = vec![
+        Ptr(scratch),
+        I64(q.splits as i64),
+        I64(q.rows as i64),
+        I64(q.n as i64),
+        Ptr(out),
+    ];
+    sum.extend(codes);
+    gpu.launch("qmm_rows_sum_glu", blocks(count), THREADS, 0, &sum)
+}
+
 /// Weight rows a qmm_rows block takes (gemv.cu, QR_ROWS).
 const QR_ROWS: usize = 128;
 
@@ -2337,14 +2406,67 @@ fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize
 }
 
 /// Scratch node `i` needs while it runs, which every node of a graph shares (one runs at a
-/// time): qmm_rows's split partials, or (with cuBLAS) the weight expanded for GemmEx.
-pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool) -> usize {
+/// time): qmm_rows's split partials (or, for a GLU anchored at `i`, qmm_ring_glu's), or (with
+/// cuBLAS) the weight expanded for GemmEx.
+pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: &super::fuse::Fusion) -> usize {
+    if let Some(super::fuse::Fused::Glu { g, .. }) = &fusion.anchored[i] {
+        return match qmm_glu_plan(graph, *g) {
+            Some(q) if q.splits > 1 => q.splits * q.rows * 2 * q.n * 4,
+            _ => 0,
+        };
+    }
     match qmm_rows_plan(graph, i) {
         Some(q) if q.splits > 1 => q.splits * q.rows * q.n * 4,
         Some(_) => 0,
         None if blas => gemm_scratch_bytes(graph, i),
         None => 0,
     }
+}
+
+/// Gate product `g` (of a GLU whose up has its shape) as qmm_ring_glu takes it: 2 to 64 rows,
+/// 4-bit weights with scales in x's dtype, groups of 32 or 64; blocks of 64 rows of both
+/// weights, k split as qmm_rows_plan splits it for the ring. `MLXCEL_QMM_GLU=0` leaves gate and
+/// up as two products and act · mul as its own launch, for comparison.
+pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
+    let node = &graph.nodes[g];
+    let Op::QuantizedMatMul { bits, group_size } = node.op else {
+        return None;
+    };
+    let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
+    let k = *x.shape.last()?;
+    let rows = x.shape.iter().product::<usize>() / k.max(1);
+    let n = *w.shape.first()?;
+    let scales = graph.node(node.inputs[2]).dtype;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !switch(&ON, "MLXCEL_QMM_GLU", true) {
+        return None;
+    }
+    qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
+    let smem = qmm_ring_smem(x.dtype, scales, group_size, rows)?;
+    if scales != graph.node(node.inputs[3]).dtype {
+        return None;
+    }
+    let chunks = k / 128;
+    let wanted = (132 * 3 / n.div_ceil(64)).clamp(1, 8).min(chunks);
+    let per_split = chunks.div_ceil(wanted);
+    Some(QmmRows {
+        name: intern(format!(
+            "qmm_ring_glu_{}_{}",
+            if x.dtype == mlxcel_core::DType::F16 {
+                "f16"
+            } else {
+                "bf16"
+            },
+            rows.div_ceil(8)
+        )),
+        smem,
+        rows,
+        n,
+        k,
+        group: group_size,
+        splits: chunks.div_ceil(per_split),
+        per_split,
+    })
 }
 
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
@@ -2607,13 +2729,16 @@ mod qmm_rows_tests {
         let g = product(33, 128256, 4096);
         let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
         assert_eq!(
-            shared_scratch_bytes(&g, i, true),
+            shared_scratch_bytes(&g, i, true, &super::super::fuse::Fusion::none(g.nodes.len())),
             0,
             "no expanded weight for cuBLAS either"
         );
         let g = product(64, 4096, 4096);
         let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
-        assert_eq!(shared_scratch_bytes(&g, i, true), 8 * 64 * 4096 * 4);
+        assert_eq!(
+            shared_scratch_bytes(&g, i, true, &super::super::fuse::Fusion::none(g.nodes.len())),
+            8 * 64 * 4096 * 4
+        );
     }
 
     /// A routed product of `tokens` tokens, two slots each, over 8 experts of n x k 4-bit

@@ -600,6 +600,12 @@ impl Session for CudaSession {
         let mut state_of = vec![0; graph.nodes.len()];
         let mut leaf_of = vec![0; graph.nodes.len()];
         let mut leaves = Vec::new();
+        // Named values are read back one by one, so a graph loaded to keep them runs unfused.
+        let fusion = if options.keep_named {
+            fuse::Fusion::none(graph.nodes.len())
+        } else {
+            fuse::Fusion::find(graph)
+        };
         let mut scratch = HashMap::new();
         let mut scratch_bufs = Vec::new();
         let mut gemm_scratch = 0;
@@ -632,23 +638,17 @@ impl Session for CudaSession {
                 scratch.insert(i, self.gpu.ptr(&buf));
                 scratch_bufs.push(buf);
             }
-            gemm_scratch = gemm_scratch.max(launch::shared_scratch_bytes(graph, i, blas));
+            gemm_scratch = gemm_scratch.max(launch::shared_scratch_bytes(graph, i, blas, &fusion));
         }
         if gemm_scratch > 0 {
             let buf = self.gpu.alloc(gemm_scratch)?;
             for (i, _) in graph.nodes.iter().enumerate() {
-                if launch::shared_scratch_bytes(graph, i, blas) > 0 {
+                if launch::shared_scratch_bytes(graph, i, blas, &fusion) > 0 {
                     scratch.insert(i, self.gpu.ptr(&buf));
                 }
             }
             scratch_bufs.push(buf);
         }
-        // Named values are read back one by one, so a graph loaded to keep them runs unfused.
-        let fusion = if options.keep_named {
-            fuse::Fusion::none(graph.nodes.len())
-        } else {
-            fuse::Fusion::find(graph)
-        };
         let planned = fusion.planning_graph(graph);
         let plan = plan::plan(&planned, options.keep_named, |i| state_of[i], |i| leaf_of[i]);
         let slots = plan
