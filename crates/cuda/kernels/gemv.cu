@@ -1653,6 +1653,7 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
   // The copies of a chunk: lane takes word t of rows g + 8i (i < 4) and the scale and bias words
   // lane + 32q (q < half) of the stage, row (lane + 32q) / half. A dead tile's rows are not
   // copied (its products are never stored).
+  const int sbase = src_row(lane >> hs) * srow + (lane & hs);  // the scale words' offset for q = 0
   auto issue = [&](int c, int slot) {  // c past the split: an empty group, so the waits stay uniform
     if (c < c1) {
       unsigned char* st = ring + slot * stage;
@@ -1665,7 +1666,8 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
 #pragma unroll
       for (int q = 0; q < 2; q++) {
         if (q >= half) break;
-        const int e = lane + 32 * q, r = e >> hs, so = src_row(r) * srow + c * half + (lane & hs);
+        // Row r's offset: q = 1 (groups of 32 only) is 16 rows on, or with GLU the same row of up.
+        const int e = lane + 32 * q, r = e >> hs, so = sbase + (GLU ? 0 : q * 16 * srow) + c * half;
         if (r < 16 ? live0 : live1) {
           const int second = r >= 16 ? 3 : 0;
           cp_async4(st + 2048 + 4 * e, (const unsigned*)(GLU ? mats[1 + second] : s0) + so);
@@ -1802,6 +1804,8 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
 // QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes. qmm_ring_glu_{x}_{NT}: y [rows, n] =
 // act(x·Gᵀ) · (x·Uᵀ) as glu_out makes it (gdt, act as there), blocks of 64 rows of both weights;
 // with several splits, partials [split, rows, 2, n] that qmm_rows_sum_glu finishes.
+// Blocks an SM qmm_ring_glu is compiled for: at 8 tiles of x, three (168 registers) spilled.
+#define QR_GLU_BLOCKS(NT) ((NT) >= 8 ? 2 : 3)
 #define QMM_RING(XN, X, NT)                                                                                          \
   extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_##XN##_##NT(                                         \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
@@ -1811,7 +1815,7 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
     qmm_ring<X, NT, QR_RING_STAGES, false>(x, w, s, z, w, s, z, y, ydt, 0, 0, part, (int)rows, (int)n, (int)k, group, c0, c1,    \
                                            blockIdx.y);                                                              \
   }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_glu_##XN##_##NT(                                     \
+  extern "C" __global__ void __launch_bounds__(128, QR_GLU_BLOCKS(NT)) qmm_ring_glu_##XN##_##NT(                                     \
       const void* x, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,          \
       const void* zu, int sdt, void* y, int ydt, int gdt, int act, float* part, i64 rows, i64 n, i64 k, int group,    \
       i64 per_split) {                                                                                                \

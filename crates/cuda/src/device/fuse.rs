@@ -1451,6 +1451,24 @@ mod tests {
     }
 
     #[test]
+    fn a_batched_steps_gate_and_up_fuse_where_the_ring_glu_takes_them() {
+        let k = 256;
+        for (rows, fused) in [(16usize, true), (64, true), (65, false), (1, true)] {
+            let mut b = GraphBuilder::default();
+            let x = b.input("x", DType::F16, &[rows, k]);
+            let (wg, wu) = (zero_weights(&mut b, &[48], k), zero_weights(&mut b, &[48], k));
+            let g = b.quantized_matmul(x, wg.0, wg.1, wg.2, 4, 64).unwrap();
+            let a = b.silu(g).unwrap();
+            let u = b.quantized_matmul(x, wu.0, wu.1, wu.2, 4, 64).unwrap();
+            let y = b.mul(a, u).unwrap();
+            let graph = b.finish(&[y]);
+            let f = Fusion::find(&graph);
+            let glu = matches!(f.anchored[y.index()], Some(Fused::Glu { .. }));
+            assert_eq!(glu, fused, "{rows} rows");
+        }
+    }
+
+    #[test]
     fn routed_experts_gate_and_up_fuse_like_a_dense_mlp() {
         let (k, n, e) = (256, 32, 4);
         let mut b = GraphBuilder::default();

@@ -2447,7 +2447,9 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
         return None;
     }
     let chunks = k / 128;
-    let wanted = (132 * 3 / n.div_ceil(64)).clamp(1, 8).min(chunks);
+    // Three blocks an SM, two at 8 tiles of x (gemv.cu, QR_GLU_BLOCKS).
+    let per_sm = if rows.div_ceil(8) >= 8 { 2 } else { 3 };
+    let wanted = (132 * per_sm / n.div_ceil(64)).clamp(1, 8).min(chunks);
     let per_split = chunks.div_ceil(wanted);
     Some(QmmRows {
         name: intern(format!(
