@@ -1464,6 +1464,8 @@ mod tests {
             let graph = b.finish(&[y]);
             let f = Fusion::find(&graph);
             let glu = matches!(f.anchored[y.index()], Some(Fused::Glu { .. }));
+            // With MLXCEL_QMM_RING=0, batched steps keep gate and up as two products.
+            let fused = fused && (rows == 1 || super::super::launch::qmm_ring_on());
             assert_eq!(glu, fused, "{rows} rows");
         }
     }

@@ -2353,7 +2353,7 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let scales = graph.node(node.inputs[2]).dtype;
     let same_scales = scales == graph.node(node.inputs[3]).dtype;
     let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k).filter(|_| same_scales)?;
-    let ring = qmm_ring_smem(x.dtype, scales, group_size, rows);
+    let ring = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on());
     let (name, smem, per_sm) = match ring {
         Some(smem) => (
             intern(format!(
@@ -2387,15 +2387,23 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     })
 }
 
+/// Whether batched steps take qmm_ring and qmm_ring_glu where they apply (`MLXCEL_QMM_RING=0`:
+/// qmm_rows, one chunk of weights a warp in registers, and two products for a GLU).
+pub(crate) fn qmm_ring_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch(&ON, "MLXCEL_QMM_RING", QMM_RING_DEFAULT)
+}
+
+/// qmm_ring's default (see qmm_ring_on).
+const QMM_RING_DEFAULT: bool = true;
+
 /// Stages of each warp's ring in qmm_ring (gemv.cu, QR_RING_STAGES).
 const QR_RING_STAGES: usize = 3;
 
 /// The dynamic shared memory of qmm_ring (gemv.cu) for `rows` rows of x, where the ring kernel
 /// takes a product qmm_rows would: scales and biases in x's dtype, groups of 32 or 64.
-/// `MLXCEL_QMM_RING=0` keeps qmm_rows (one chunk of weights a warp in registers), for comparison.
 fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize, rows: usize) -> Option<u32> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if x != scales || !matches!(group, 32 | 64) || !switch(&ON, "MLXCEL_QMM_RING", true) {
+    if x != scales || !matches!(group, 32 | 64) {
         return None;
     }
     const QR_STRIDE: usize = 20; // gemv.cu: a staged row of x, in 16-byte words
@@ -2442,7 +2450,7 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
         return None;
     }
     qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
-    let smem = qmm_ring_smem(x.dtype, scales, group_size, rows)?;
+    let smem = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on())?;
     if scales != graph.node(node.inputs[3]).dtype {
         return None;
     }
@@ -2716,6 +2724,12 @@ mod qmm_rows_tests {
         assert!(plan(1, 4096, 4096).is_none(), "one row is the GEMV's");
         assert!(plan(65, 4096, 4096).is_none(), "past 64 rows is cuBLAS's");
         assert!(plan(8, 4100, 4096).is_none(), "n must be whole 16-row tiles");
+        if !qmm_ring_on() {
+            // qmm_rows: two blocks an SM; 112 blocks take 2 splits (224), 3 would spill.
+            let q = plan(64, 14336, 4096).unwrap();
+            assert_eq!((q.name, q.splits, q.per_split, q.smem), ("qmm_rows_f16_8", 2, 16, 0));
+            return;
+        }
         let q = plan(8, 4096, 4096).unwrap();
         assert_eq!(q.name, "qmm_ring_f16_1");
         // 32 blocks of 128 rows: 8 splits of the 32 chunks for about three blocks an SM.
