@@ -2338,21 +2338,52 @@ pub(crate) fn qmm_rows_kernel(
     Some(intern(name))
 }
 
-/// Node `i` as qmm_rows takes it: k split so that the grid fills one wave (two blocks an SM of
-/// the 132 of an H200; three for the ring kernel), at most 8 ways (each split's partials are a
-/// rows x n f32 array to add).
-pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
+/// A quantized product's shape as the batched kernels see it: x [rows, k] by an
+/// n x k weight, scales (and biases, the same dtype) in `scales`.
+struct QmmShape<'a> {
+    x: &'a mlxcel_core::Node,
+    scales: mlxcel_core::DType,
+    bits: u32,
+    group_size: usize,
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+/// Node `i`'s QmmShape, where it is a quantized product whose scales and biases share a dtype.
+fn qmm_shape(graph: &Graph, i: usize) -> Option<QmmShape<'_>> {
     let node = &graph.nodes[i];
     let Op::QuantizedMatMul { bits, group_size } = node.op else {
         return None;
     };
     let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
     let k = *x.shape.last()?;
-    let rows = x.shape.iter().product::<usize>() / k.max(1);
-    let n = *w.shape.first()?;
     let scales = graph.node(node.inputs[2]).dtype;
-    let same_scales = scales == graph.node(node.inputs[3]).dtype;
-    let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k).filter(|_| same_scales)?;
+    (scales == graph.node(node.inputs[3]).dtype).then_some(QmmShape {
+        x,
+        scales,
+        bits,
+        group_size,
+        rows: x.shape.iter().product::<usize>() / k.max(1),
+        n: *w.shape.first()?,
+        k,
+    })
+}
+
+/// Node `i` as qmm_rows takes it: k split so that the grid fills one wave (two blocks an SM of
+/// the 132 of an H200; three for the ring kernel), at most 8 ways (each split's partials are a
+/// rows x n f32 array to add).
+pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
+    let QmmShape {
+        x,
+        scales,
+        bits,
+        group_size,
+        rows,
+        n,
+        k,
+    } = qmm_shape(graph, i)?;
+    let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
     let ring = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on());
     let (name, smem, per_sm) = match ring {
         Some(smem) => (
@@ -2437,24 +2468,21 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: 
 /// weights, k split as qmm_rows_plan splits it for the ring. `MLXCEL_QMM_GLU=0` leaves gate and
 /// up as two products and act · mul as its own launch, for comparison.
 pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
-    let node = &graph.nodes[g];
-    let Op::QuantizedMatMul { bits, group_size } = node.op else {
-        return None;
-    };
-    let (x, w) = (graph.node(node.inputs[0]), graph.node(node.inputs[1]));
-    let k = *x.shape.last()?;
-    let rows = x.shape.iter().product::<usize>() / k.max(1);
-    let n = *w.shape.first()?;
-    let scales = graph.node(node.inputs[2]).dtype;
+    let QmmShape {
+        x,
+        scales,
+        bits,
+        group_size,
+        rows,
+        n,
+        k,
+    } = qmm_shape(graph, g)?;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !switch(&ON, "MLXCEL_QMM_GLU", true) {
         return None;
     }
     qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
     let smem = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on())?;
-    if scales != graph.node(node.inputs[3]).dtype {
-        return None;
-    }
     let chunks = k / 128;
     // Three blocks an SM, two at 8 tiles of x (gemv.cu, QR_GLU_BLOCKS).
     let per_sm = if rows.div_ceil(8) >= 8 { 2 } else { 3 };
