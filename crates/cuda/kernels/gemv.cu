@@ -778,14 +778,20 @@ template <> struct TensorCore<BF16> {
 // weights is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
 
+// 8 16-bit values (0..7) in the order (0,4,1,5,2,6,3,7), the nibble pairs' that one mask of a
+// packed 4-bit word extracts.
+__device__ __forceinline__ uint4 pairs_order(uint4 v) {
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                    __byte_perm(v.y, v.w, 0x7632));
+}
+
 // 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum.
 template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum) {
   float f[8];
   unpack8<X>(v, f);
 #pragma unroll
   for (int e = 0; e < 8; e++) *sum += f[e];
-  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                    __byte_perm(v.y, v.w, 0x7632));
+  return pairs_order(v);
 }
 
 // One 32-bit word of each of rows a and b (8 nibbles: k slots e and e + 4 in each half)
@@ -1439,6 +1445,25 @@ template <class X> __device__ __forceinline__ unsigned pair_of(float v) {
   X::st(h, 0, v);
   return (unsigned)h[0] * 0x10001u;
 }
+// The A fragments of one 32-bit word of rows g and g + 8 (wa, wb: 8 nibbles each) for mma:
+// a[h] holds the nibble pairs (0,4)/(1,5) (h = 0) or (2,6)/(3,7) (h = 1), each value made
+// the exact off + q of one LOP3, less off, then q · scale + bias rounded once to X (sc, bi:
+// each row's scale and bias in both halves).
+template <class X>
+__device__ __forceinline__ void qmm_a_fragments(unsigned wa, unsigned wb, const unsigned* sc, const unsigned* bi,
+                                                unsigned (*a)[4]) {
+  typedef TensorCore<X> TC;
+  typedef Pair<X> P;
+  const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int sh = 8 * h;
+    a[h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[0], bi[0]);
+    a[h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[1], bi[1]);
+    a[h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[0], bi[0]);
+    a[h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[1], bi[1]);
+  }
+}
 //
 // The rows may be gathered: local row r of x is row xrow[r] of x and goes to row yrow[r] of y
 // (null: r itself), and the weight's rows start at row w0 (an expert's slice of stacked
@@ -1449,7 +1474,6 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
                                          void* y, int ydt, float* part, i64 rows, i64 n, i64 k, int group,
                                          i64 c0, i64 c1, i64 split, const int* xrow, const int* yrow, i64 w0) {
   typedef TensorCore<X> TC;
-  typedef Pair<X> P;
   __shared__ uint4 xs[2][8 * NT * QR_STRIDE];  // two chunks of x, each [row][word j][run t]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 wrow = k / 8, groups = k / group;
@@ -1492,9 +1516,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
     for (int e = 0; e < NT; e++) {
       const int i = threadIdx.x + 128 * e, r = i >> 4, u = i & 15;
       const uint4 v = xr[e];
-      buf[r * QR_STRIDE + (u & 3) * 4 + (u >> 2)] =
-          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                     __byte_perm(v.y, v.w, 0x7632));
+      buf[r * QR_STRIDE + (u & 3) * 4 + (u >> 2)] = pairs_order(v);
     }
   };
   float acc[2][NT][4];
@@ -1502,7 +1524,6 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < NT; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
-  const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
   if (c0 < c1) {
     fetch(c0);
     xload(c0);
@@ -1538,14 +1559,7 @@ __device__ __forceinline__ void qmm_rows(const void* x, const unsigned* w, const
 #pragma unroll
       for (int m = 0; m < 2; m++) {
         const unsigned wa = ((const unsigned*)&cur[m][0])[j], wb = ((const unsigned*)&cur[m][1])[j];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int sh = 8 * h;
-          a[m][h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
-          a[m][h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
-          a[m][h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
-          a[m][h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
-        }
+        qmm_a_fragments<X>(wa, wb, sc[m], bi[m], a[m]);
       }
 #pragma unroll
       for (int i = 0; i < NT; i++) {
@@ -1625,7 +1639,6 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
                                          int act, float* part, int rows, int n, int k, int group, int c0, int c1,
                                          int split) {
   typedef TensorCore<X> TC;
-  typedef Pair<X> P;
   extern __shared__ uint4 qring[];
   uint4* xs = qring;                        // this chunk of x: [row][word j][run t]
   uint4* xn = xs + 8 * NT * QR_STRIDE;      // the next chunk of x as it lands: [row][word]
@@ -1694,10 +1707,7 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
 #pragma unroll
     for (int e = 0; e < NT; e++) {
       const int r = xr0 + 8 * e;
-      const uint4 v = xn[r * 16 + xu];
-      xs[r * QR_STRIDE + (xu & 3) * 4 + (xu >> 2)] =
-          make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                     __byte_perm(v.y, v.w, 0x7632));
+      xs[r * QR_STRIDE + (xu & 3) * 4 + (xu >> 2)] = pairs_order(xn[r * 16 + xu]);
     }
   };
 #pragma unroll
@@ -1708,7 +1718,6 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < NT; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.0f;
-  const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
   const int gi = t >> (1 - hs);  // this lane's group in a chunk (run t)
   // Copy groups in order: weights of chunks c0 .. c0 + S - 3, x of c0, weights of c0 + S - 2; then
   // each chunk c adds x of c + 1 and weights of c + S - 1. So at chunk c's top, all but the
@@ -1742,14 +1751,7 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
 #pragma unroll
       for (int m = 0; m < 2; m++) {
         const unsigned wa = cur[256 * m + j], wb = cur[256 * m + 128 + j];  // rows g, g + 8 of tile m
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int sh = 8 * h;
-          a[m][h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
-          a[m][h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
-          a[m][h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][0], bi[m][0]);
-          a[m][h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[m][1], bi[m][1]);
-        }
+        qmm_a_fragments<X>(wa, wb, sc[m], bi[m], a[m]);
       }
 #pragma unroll
       for (int i = 0; i < NT; i++) {

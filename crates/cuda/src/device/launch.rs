@@ -1171,21 +1171,12 @@ pub(crate) fn fused(
                 I32(fcode(graph.nodes[*act].dtype)? | (act_code(&graph.nodes[*act].op) << 8)),
             ];
             let xdt = graph.node(*x).dtype;
+            // A batched step's GLU on qmm_ring_glu (fusion took it for that).
+            if let Some(q) = (rows > 1 && norm.is_none()).then(|| qmm_glu_plan(graph, *g)).flatten() {
+                let mats = [*g, *u].map(|j| [input(j, 1), input(j, 2), input(j, 3)]);
+                return qmm_glu(gpu, graph, &q, mats, at, codes, x.index(), at(i), scratch);
+            }
             match ng.op {
-                Op::QuantizedMatMul { .. } if rows > 1 && norm.is_none() && qmm_glu_plan(graph, *g).is_some() => {
-                    let q = qmm_glu_plan(graph, *g).expect("checked above");
-                    qmm_glu(
-                        gpu,
-                        graph,
-                        &q,
-                        [*g, *u].map(|j| [input(j, 1), input(j, 2), input(j, 3)]),
-                        at,
-                        codes,
-                        x.index(),
-                        at(i),
-                        scratch,
-                    )
-                }
                 Op::QuantizedMatMul { bits, group_size } => {
                     let tc = tc_gemv_kernel("qglu", xdt, bits, rows, n, k);
                     let on_tensor_cores = tc.is_some();
@@ -2294,6 +2285,35 @@ pub(crate) struct QmmRows {
     per_split: usize,
 }
 
+impl QmmRows {
+    /// A launch of `blocks` blocks a split (row blocks) of `name`, `per_sm` of which fit an SM:
+    /// k split as many ways as keep the grid within one wave of the 132 SMs of an H200 (a
+    /// second, part-full wave would cost as much as the first), at most 8 (each split's partials
+    /// are a rows x n f32 array to add).
+    fn split(
+        name: &'static str,
+        smem: u32,
+        (rows, n, k): (usize, usize, usize),
+        group: usize,
+        blocks: usize,
+        per_sm: usize,
+    ) -> QmmRows {
+        let chunks = k / 128;
+        let wanted = (132 * per_sm / blocks).clamp(1, 8).min(chunks);
+        let per_split = chunks.div_ceil(wanted);
+        QmmRows {
+            name,
+            smem,
+            rows,
+            n,
+            k,
+            group,
+            splits: chunks.div_ceil(per_split),
+            per_split,
+        }
+    }
+}
+
 /// The qmm_rows kernel for `rows` rows of x (`dtype`) by an n x k 4-bit weight, where it applies:
 /// 2 to 64 rows (a batched decode step) of f16/bf16 x, n a multiple of 16, k of 128, groups of
 /// a multiple of 32 that divide k. `MLXCEL_SMALL_BATCH_TC=0` keeps the 8-row CUDA-core GEMV and
@@ -2386,36 +2406,24 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     let name = qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
     let ring = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on());
     let (name, smem, per_sm) = match ring {
-        Some(smem) => (
-            intern(format!(
-                "qmm_ring_{}_{}",
-                if x.dtype == mlxcel_core::DType::F16 {
-                    "f16"
-                } else {
-                    "bf16"
-                },
-                rows.div_ceil(8)
-            )),
-            smem,
-            3,
-        ),
+        Some(smem) => (ring_name("qmm_ring", x.dtype, rows), smem, 3),
         None => (name, 0, 2),
     };
-    let chunks = k / 128;
-    // As many splits as keep the grid within one wave (a second, part-full wave would cost as
-    // much as the first).
-    let wanted = (132 * per_sm / n.div_ceil(QR_ROWS)).clamp(1, 8).min(chunks);
-    let per_split = chunks.div_ceil(wanted);
-    Some(QmmRows {
+    Some(QmmRows::split(
         name,
         smem,
-        rows,
-        n,
-        k,
-        group: group_size,
-        splits: chunks.div_ceil(per_split),
-        per_split,
-    })
+        (rows, n, k),
+        group_size,
+        n.div_ceil(QR_ROWS),
+        per_sm,
+    ))
+}
+
+/// The ring kernel `family` (qmm_ring or qmm_ring_glu) for `rows` rows of x in `x`: its exact
+/// count of 8-row tiles in the name.
+fn ring_name(family: &str, x: mlxcel_core::DType, rows: usize) -> &'static str {
+    let x = if x == mlxcel_core::DType::F16 { "f16" } else { "bf16" };
+    intern(format!("{family}_{x}_{}", rows.div_ceil(8)))
 }
 
 /// Whether batched steps take qmm_ring and qmm_ring_glu where they apply (`MLXCEL_QMM_RING=0`:
@@ -2483,29 +2491,17 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
     }
     qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
     let smem = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on())?;
-    let chunks = k / 128;
     // Three blocks an SM, two at 8 tiles of x (gemv.cu, QR_GLU_BLOCKS).
     let per_sm = if rows.div_ceil(8) >= 8 { 2 } else { 3 };
-    let wanted = (132 * per_sm / n.div_ceil(64)).clamp(1, 8).min(chunks);
-    let per_split = chunks.div_ceil(wanted);
-    Some(QmmRows {
-        name: intern(format!(
-            "qmm_ring_glu_{}_{}",
-            if x.dtype == mlxcel_core::DType::F16 {
-                "f16"
-            } else {
-                "bf16"
-            },
-            rows.div_ceil(8)
-        )),
+    let name = ring_name("qmm_ring_glu", x.dtype, rows);
+    Some(QmmRows::split(
+        name,
         smem,
-        rows,
-        n,
-        k,
-        group: group_size,
-        splits: chunks.div_ceil(per_split),
-        per_split,
-    })
+        (rows, n, k),
+        group_size,
+        n.div_ceil(64),
+        per_sm,
+    ))
 }
 
 /// The tensor-core prefill attention (attention.cu) for node `i`, where it applies: more than
