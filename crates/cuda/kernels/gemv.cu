@@ -1633,11 +1633,14 @@ template <int N> __device__ __forceinline__ void cp_async_wait_n() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <class X, int NT, int S, bool GLU>
+// One weight's products, or with GLU a GLU's gate and up; rblock is the block's row block of its
+// weight. A product's value v (not GLU) of row xi of x and weight row wr goes to
+// store(xi, wr, v), the kernel's epilogue.
+template <class X, int NT, int S, bool GLU, class Store>
 __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, const void* s0, const void* z0,
                                          const unsigned* w1, const void* s1, const void* z1, void* y, int ydt, int gdt,
-                                         int act, float* part, int rows, int n, int k, int group, int c0, int c1,
-                                         int split) {
+                                         int act, float* part, int rows, int n, int k, int group, int rblock, int c0,
+                                         int c1, int split, Store store) {
   typedef TensorCore<X> TC;
   extern __shared__ uint4 qring[];
   uint4* xs = qring;                        // this chunk of x: [row][word j][run t]
@@ -1648,7 +1651,7 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
   unsigned char* ring = (unsigned char*)(xn + 8 * NT * 16) + warp * S * stage;
   // The warp's weight rows: 32 of w0 from row0 (tile m at row0 + 16m); with GLU, 16 of w0 (tile
   // 0, the gate) and the same 16 of w1 (tile 1, the up), so a lane holds both of its outputs.
-  const int row0 = blockIdx.x * (GLU ? 64 : QR_ROWS) + warp * (GLU ? 16 : 32);
+  const int row0 = rblock * (GLU ? 64 : QR_ROWS) + warp * (GLU ? 16 : 32);
   const bool live0 = row0 < n, live1 = GLU ? live0 : row0 + 16 < n;  // n a multiple of 16: tiles all in or out
   const int wrow = k / 32, srow = (k >> (6 - hs)) / 2;  // a row's uint4 of weights, 4-byte words of scales
   // Stage row r (tile r / 16) comes from this row of its weight:
@@ -1795,48 +1798,110 @@ __device__ __forceinline__ void qmm_ring(const void* x, const unsigned* w0, cons
       for (int e = 0; e < 4; e++) {
         const int xi = i * 8 + 2 * t + (e & 1), wr = row0 + m * 16 + g + 8 * (e >> 1);
         if (xi >= rows) continue;
-        if (part) part[((i64)split * rows + xi) * n + wr] = acc[m][i][e];
-        else stf(y, ydt, (i64)xi * n + wr, acc[m][i][e]);
+        store(xi, wr, acc[m][i][e]);
       }
     }
   }
 }
 // qmm_ring_{x}_{NT}: qmm_rows_{x}_{NT}'s parameters (sdt must be x's dtype code, group 32 or
 // 64); dynamic shared memory: 8 · NT · (QR_STRIDE + 16) · 16 bytes of x, then 4 warps x
-// QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes. qmm_ring_glu_{x}_{NT}: y [rows, n] =
-// act(x·Gᵀ) · (x·Uᵀ) as glu_out makes it (gdt, act as there), blocks of 64 rows of both weights;
-// with several splits, partials [split, rows, 2, n] that qmm_rows_sum_glu finishes.
-// Blocks an SM qmm_ring_glu is compiled for: at 8 tiles of x, three (168 registers) spilled.
-#define QR_GLU_BLOCKS(NT) ((NT) >= 8 ? 2 : 3)
-#define QMM_RING(XN, X, NT)                                                                                          \
-  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_##XN##_##NT(                                         \
+// QR_RING_STAGES stages of 2048 + 256 · 128 / group bytes. NT is 1, 2, 4 or 8 (a batched step's
+// rows are a power of two; other counts take the next NT, their last tiles zeros).
+// qmm_ring_glu_{x}_{NT}: y [rows, n] = act(x·Gᵀ) · (x·Uᵀ) as glu_out makes it (gdt, act as
+// there), blocks of 64 rows of both weights; with several splits, partials [split, rows, 2, n]
+// that qmm_rows_sum_glu finishes. qmm_ring3_{x}_{NT}: up to three products of one x (a batched
+// step's q, k and v), each its own blocks of 128 rows, in one launch (see QMM_RING3).
+// Blocks an SM qmm_ring_glu is compiled for (1, 2 and 4 tiles of x only: at 8 it fit two
+// blocks an SM, three spilled, and two qmm_ring launches were faster).
+#define QR_GLU_BLOCKS(NT) 3
+// A split's chunks [c0, c1) of k (per_split each).
+#define QR_SPLIT                                                                                                      \
+  const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                              \
+  const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;
+#define QMM_RING(XN, X, NT)                                                                                           \
+  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring_##XN##_##NT(                                          \
       const void* x, const unsigned* w, const void* s, const void* z, int sdt, void* y, int ydt, float* part,         \
       i64 rows, i64 n, i64 k, int group, i64 per_split) {                                                             \
-    const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                          \
-    const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;                                     \
-    qmm_ring<X, NT, QR_RING_STAGES, false>(x, w, s, z, w, s, z, y, ydt, 0, 0, part, (int)rows, (int)n, (int)k, group, c0, c1,    \
-                                           blockIdx.y);                                                              \
-  }                                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(128, QR_GLU_BLOCKS(NT)) qmm_ring_glu_##XN##_##NT(                                     \
+    QR_SPLIT                                                                                                          \
+    auto store = [&](int xi, int wr, float v) {                                                                       \
+      if (part) part[((i64)blockIdx.y * rows + xi) * n + wr] = v;                                                     \
+      else stf(y, ydt, (i64)xi * n + wr, v);                                                                          \
+    };                                                                                                                \
+    qmm_ring<X, NT, QR_RING_STAGES, false>(x, w, s, z, w, s, z, y, ydt, 0, 0, part, (int)rows, (int)n, (int)k,        \
+                                           group, blockIdx.x, c0, c1, blockIdx.y, store);                            \
+  }                                                                                                                   \
+  QMM_RING3(XN, X, NT)
+#define QMM_RING_GLU(XN, X, NT)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128, QR_GLU_BLOCKS(NT)) qmm_ring_glu_##XN##_##NT(                      \
       const void* x, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,          \
       const void* zu, int sdt, void* y, int ydt, int gdt, int act, float* part, i64 rows, i64 n, i64 k, int group,    \
       i64 per_split) {                                                                                                \
-    const int chunks = (int)(k / 128), c0 = (int)(blockIdx.y * per_split);                                          \
-    const int c1 = c0 + (int)per_split < chunks ? c0 + (int)per_split : chunks;                                     \
-    qmm_ring<X, NT, QR_RING_STAGES, true>(x, wg, sg, zg, wu, su, zu, y, ydt, gdt, act, part, (int)rows,  \
-                                          (int)n, (int)k, group, c0, c1, blockIdx.y);                               \
+    QR_SPLIT                                                                                                          \
+    qmm_ring<X, NT, QR_RING_STAGES, true>(x, wg, sg, zg, wu, su, zu, y, ydt, gdt, act, part, (int)rows, (int)n,       \
+                                          (int)k, group, blockIdx.x, c0, c1, blockIdx.y, [](int, int, float) {});   \
   }
-#define QMM_RING_X(XN, X)                                                                                            \
-  QMM_RING(XN, X, 1)                                                                                                 \
-  QMM_RING(XN, X, 2)                                                                                                 \
-  QMM_RING(XN, X, 3)                                                                                                 \
-  QMM_RING(XN, X, 4)                                                                                                 \
-  QMM_RING(XN, X, 5)                                                                                                 \
-  QMM_RING(XN, X, 6)                                                                                                 \
-  QMM_RING(XN, X, 7)                                                                                                 \
-  QMM_RING(XN, X, 8)
+// The products of a qmm_ring3 launch: block b is row block b of product 0, then of 1, then of 2
+// (each n a multiple of 16, blocks of 128 rows). Without splits each writes y_p [rows, n_p]
+// (plus its bias b_p where not null, as with_bias adds it); with them, partials [split, rows,
+// n0 + n1 + n2] (product p's columns after those of the products before it) that
+// qmm_rows_sum3 finishes. The block's weight pointers are chosen from the parameters by
+// blockIdx (uniform registers); what the stores need waits in shared memory (held in registers
+// through the loop, it and a pointer table made the 8-tile kernel spill).
+#define QMM_RING3(XN, X, NT)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(128, 3) qmm_ring3_##XN##_##NT(                                         \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
+      void* y2, i64 n2, int sdt, int ydt, const void* b0, const void* b1, const void* b2, float* part, i64 rows,      \
+      i64 k, int group, i64 per_split) {                                                                              \
+    QR_SPLIT                                                                                                          \
+    const int bl0 = (int)((n0 + QR_ROWS - 1) / QR_ROWS), bl1 = (int)((n1 + QR_ROWS - 1) / QR_ROWS);                    \
+    const int p = blockIdx.x < bl0 ? 0 : blockIdx.x < bl0 + bl1 ? 1 : 2;                                              \
+    const int rb = blockIdx.x - (p > 0 ? bl0 : 0) - (p > 1 ? bl1 : 0);                                                \
+    const i64 n = p == 0 ? n0 : p == 1 ? n1 : n2;                                                                     \
+    __shared__ void* out_y;                                                                                           \
+    __shared__ const void* out_b;                                                                                     \
+    __shared__ int out_n, out_col;                                                                                    \
+    if (threadIdx.x == 0) { /* read after the loop's barriers (every split has a chunk) */                            \
+      out_y = p == 0 ? y0 : p == 1 ? y1 : y2;                                                                         \
+      out_b = p == 0 ? b0 : p == 1 ? b1 : b2;                                                                         \
+      out_n = (int)n;                                                                                                 \
+      out_col = (int)((p > 0 ? n0 : 0) + (p > 1 ? n1 : 0));                                                           \
+    }                                                                                                                 \
+    auto store = [&](int xi, int wr, float v) {                                                                       \
+      if (part) part[((i64)blockIdx.y * rows + xi) * (n0 + n1 + n2) + out_col + wr] = v;                              \
+      else stf(out_y, ydt, (i64)xi * out_n + wr, with_bias(v, out_b, ydt, wr));                                       \
+    };                                                                                                                \
+    const unsigned* w = p == 0 ? w0 : p == 1 ? w1 : w2;                                                               \
+    const void* s = p == 0 ? s0 : p == 1 ? s1 : s2;                                                                   \
+    const void* z = p == 0 ? z0 : p == 1 ? z1 : z2;                                                                   \
+    qmm_ring<X, NT, QR_RING_STAGES, false>(x, w, s, z, w, s, z, nullptr, ydt, 0, 0, part, (int)rows, (int)n, (int)k,  \
+                                           group, rb, c0, c1, blockIdx.y, store);                                    \
+  }
+#define QMM_RING_X(XN, X)                                                                                             \
+  QMM_RING(XN, X, 1)                                                                                                  \
+  QMM_RING(XN, X, 2)                                                                                                  \
+  QMM_RING(XN, X, 4)                                                                                                  \
+  QMM_RING(XN, X, 8)                                                                                                  \
+  QMM_RING_GLU(XN, X, 1)                                                                                              \
+  QMM_RING_GLU(XN, X, 2)                                                                                              \
+  QMM_RING_GLU(XN, X, 4)
 QMM_RING_X(f16, F16)
 QMM_RING_X(bf16, BF16)
+
+// qmm_ring3's outputs from its split partials part [splits, rows, n0 + n1 + n2], each summed in
+// split order, with product p's bias b_p (null: none) as with_bias adds it.
+extern "C" __global__ void qmm_rows_sum3(const float* part, i64 splits, i64 rows, void* y0, i64 n0, void* y1, i64 n1,
+                                         void* y2, i64 n2, int ydt, const void* b0, const void* b1, const void* b2) {
+  const i64 total = n0 + n1 + n2;
+  for (i64 i = gid(); i < rows * total; i += gstride()) {
+    const i64 r = i / total, c = i % total;
+    float v = 0.0f;
+    for (i64 sp = 0; sp < splits; sp++) v += part[(sp * rows + r) * total + c];
+    if (c < n0) stf(y0, ydt, r * n0 + c, with_bias(v, b0, ydt, c));
+    else if (c < n0 + n1) stf(y1, ydt, r * n1 + c - n0, with_bias(v, b1, ydt, c - n0));
+    else stf(y2, ydt, r * n2 + c - n0 - n1, with_bias(v, b2, ydt, c - n0 - n1));
+  }
+}
 
 // y [rows, n] (dtype ydt) = act(gate) · up from qmm_ring_glu's split partials [splits, rows, 2,
 // n], each summed in split order (see glu_out).

@@ -140,6 +140,8 @@ impl Batcher {
             return Ok(());
         }
         self.steps += 1;
+        let started = std::time::Instant::now();
+        let mut decoded = std::time::Duration::ZERO;
         if !plan.decode.is_empty() {
             let want_logits = plan.decode.iter().any(|&id| self.wants_logits(id));
             let rows: Vec<Row> = plan
@@ -160,6 +162,7 @@ impl Batcher {
                 }
                 Err(e) => self.fail(&plan.decode, &e, emit),
             }
+            decoded = started.elapsed();
         }
         if !plan.prefill.is_empty() {
             let ids: Vec<SeqId> = plan.prefill.iter().map(|p| p.0).collect();
@@ -182,8 +185,26 @@ impl Batcher {
                 Err(e) => self.fail(&ids, &e, emit),
             }
         }
+        if step_log() {
+            let tokens: usize = plan.prefill.iter().map(|p| p.2).sum();
+            eprintln!(
+                "step {}: decode {} rows {:.2} ms, prefill {} rows {tokens} tokens {:.2} ms",
+                self.steps,
+                plan.decode.len(),
+                decoded.as_secs_f64() * 1e3,
+                plan.prefill.len(),
+                (started.elapsed() - decoded).as_secs_f64() * 1e3
+            );
+        }
         Ok(())
     }
+}
+
+/// `MLXCEL_STEP_LOG=1`: each step's decode rows, prefill rows and tokens, and the wall time of
+/// each part, on stderr (where a server's time goes between requests).
+fn step_log() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLXCEL_STEP_LOG").is_ok_and(|v| v == "1"))
 }
 
 /// The step row of planned sequence `id`: its `len` tokens from position `start`, over its

@@ -667,7 +667,8 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
                     && k.is_multiple_of(group_size)
                     && n.is_multiple_of(16)
                     && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
-                    && super::launch::tc_gemv_kernel("qgemv", x.dtype, bits, rows, n, k).is_some()
+                    && (super::launch::tc_gemv_kernel("qgemv", x.dtype, bits, rows, n, k).is_some()
+                        || super::launch::qmm_products_plan(graph, &[i]).is_some())
             }
             // Dense 16-bit weights: the CUDA-core GEMV's inner loop, one row a warp.
             Op::MatMul { transpose_b: true } => {
@@ -1453,7 +1454,8 @@ mod tests {
     #[test]
     fn a_batched_steps_gate_and_up_fuse_where_the_ring_glu_takes_them() {
         let k = 256;
-        for (rows, fused) in [(16usize, true), (64, true), (65, false), (1, true)] {
+        // At 64 rows gate and up stay two qmm_ring launches (launch.rs, qmm_glu_plan).
+        for (rows, fused) in [(16usize, true), (32, true), (64, false), (65, false), (1, true)] {
             let mut b = GraphBuilder::default();
             let x = b.input("x", DType::F16, &[rows, k]);
             let (wg, wu) = (zero_weights(&mut b, &[48], k), zero_weights(&mut b, &[48], k));
@@ -1467,6 +1469,29 @@ mod tests {
             // With MLXCEL_QMM_RING=0, batched steps keep gate and up as two products.
             let fused = fused && (rows == 1 || super::super::launch::qmm_ring_on());
             assert_eq!(glu, fused, "{rows} rows");
+        }
+    }
+
+    #[test]
+    fn a_batched_steps_q_k_and_v_share_a_launch_where_the_ring_takes_them() {
+        let k = 256;
+        for (rows, fused) in [(8usize, true), (64, true), (65, false), (1, true)] {
+            let mut b = GraphBuilder::default();
+            let x = b.input("x", DType::F16, &[rows, k]);
+            let outs: Vec<NodeId> = [64usize, 32, 32]
+                .into_iter()
+                .map(|n| {
+                    let (q, s, z) = zero_weights(&mut b, &[n], k);
+                    b.quantized_matmul(x, q, s, z, 4, 64).unwrap()
+                })
+                .collect();
+            let graph = b.finish(&outs);
+            let f = Fusion::find(&graph);
+            let want: Vec<usize> = outs.iter().map(|o| o.index()).collect();
+            let one = matches!(&f.anchored[want[2]], Some(Fused::Products { parts, .. }) if *parts == want);
+            // With MLXCEL_QMM_RING=0 (or MLXCEL_QMM_QKV=0), batched steps keep three launches.
+            let fused = fused && (rows == 1 || super::super::launch::qmm_products_plan(&graph, &want).is_some());
+            assert_eq!(one, fused, "{rows} rows");
         }
     }
 

@@ -1505,6 +1505,12 @@ pub(crate) fn fused(
                 })
                 .collect();
             match first.op {
+                // A batched step's products (fusion took them for qmm_ring3).
+                Op::QuantizedMatMul { .. } if norm.is_none() && qmm_products_plan(graph, parts).is_some() => {
+                    let q = qmm_products_plan(graph, parts).expect("planned above");
+                    let codes = [I32(fcode(graph.node(first.inputs[2]).dtype)?), I32(fcode(first.dtype)?)];
+                    qmm_products(gpu, &q, args, codes, bias_args, scratch)
+                }
                 Op::QuantizedMatMul { bits, group_size } => {
                     let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
                         .ok_or_else(|| no_tensor_cores("fused products"))?;
@@ -2268,6 +2274,48 @@ fn qmm_glu(
     gpu.launch("qmm_rows_sum_glu", blocks(count), THREADS, 0, &sum)
 }
 
+/// Launches qmm_ring3 as planned in `q` for up to three products of one x. `args` are x's and
+/// each product slot's (words, scales, biases, output, rows; zeros for an unused slot) as the
+/// fused products' launches take them, `codes` the scales' and outputs' dtype codes, `biases`
+/// each slot's bias vector (0: none). With several splits, the partials (in `scratch`) and
+/// qmm_rows_sum3, which adds the biases.
+fn qmm_products(gpu: &Gpu, q: &QmmRows, args: Vec<Arg>, codes: [Arg; 2], biases: Vec<Arg>, scratch: u64) -> Result<()> {
+    use Arg::{Ptr, I32, I64};
+    if q.splits > 1 && scratch == 0 {
+        return Err(Error::Backend(
+            "split fused products were planned without their scratch".into(),
+        ));
+    }
+    // Slot s's output and rows (after x and the slots before it, five arguments each).
+    let slot = |s: usize| [args[4 + 5 * s].clone(), args[5 + 5 * s].clone()];
+    let row_blocks: usize = (0..3)
+        .map(|s| match slot(s)[1] {
+            I64(n) => (n as usize).div_ceil(QR_ROWS),
+            _ => 0,
+        })
+        .sum();
+    let part = if q.splits > 1 { scratch } else { 0 };
+    let mut launch = args.clone();
+    launch.extend(codes.iter().cloned());
+    launch.extend(biases.iter().cloned());
+    launch.extend([
+        Ptr(part),
+        I64(q.rows as i64),
+        I64(q.k as i64),
+        I32(q.group as i32),
+        I64(q.per_split as i64),
+    ]);
+    gpu.launch_grid(q.name, (row_blocks as u32, q.splits as u32), 128, q.smem, &launch)?;
+    if q.splits == 1 {
+        return Ok(());
+    }
+    let mut sum = vec![Ptr(scratch), I64(q.splits as i64), I64(q.rows as i64)];
+    sum.extend((0..3).flat_map(slot));
+    sum.push(codes[1].clone());
+    sum.extend(biases);
+    gpu.launch("qmm_rows_sum3", blocks(q.rows * q.n), THREADS, 0, &sum)
+}
+
 /// Weight rows a qmm_rows block takes (gemv.cu, QR_ROWS).
 const QR_ROWS: usize = 128;
 
@@ -2419,11 +2467,17 @@ pub(crate) fn qmm_rows_plan(graph: &Graph, i: usize) -> Option<QmmRows> {
     ))
 }
 
-/// The ring kernel `family` (qmm_ring or qmm_ring_glu) for `rows` rows of x in `x`: its exact
-/// count of 8-row tiles in the name.
+/// The ring kernel `family` (qmm_ring, qmm_ring_glu or qmm_ring3) for `rows` rows of x in `x`:
+/// its count of 8-row tiles (ring_tiles) in the name.
 fn ring_name(family: &str, x: mlxcel_core::DType, rows: usize) -> &'static str {
     let x = if x == mlxcel_core::DType::F16 { "f16" } else { "bf16" };
-    intern(format!("{family}_{x}_{}", rows.div_ceil(8)))
+    intern(format!("{family}_{x}_{}", ring_tiles(rows)))
+}
+
+/// The 8-row tiles of x a ring kernel takes for `rows` rows: 1, 2, 4 or 8 (a batched step's rows
+/// are a power of two; other counts compute zero tiles up to the next).
+fn ring_tiles(rows: usize) -> usize {
+    rows.div_ceil(8).next_power_of_two()
 }
 
 /// Whether batched steps take qmm_ring and qmm_ring_glu where they apply (`MLXCEL_QMM_RING=0`:
@@ -2433,9 +2487,10 @@ pub(crate) fn qmm_ring_on() -> bool {
     switch(&ON, "MLXCEL_QMM_RING", QMM_RING_DEFAULT)
 }
 
-/// qmm_ring's default (see qmm_ring_on): off until its op cases have passed on a GPU (session 16
-/// wrote it and could start no device; scripts/gpu/session16c.sh checks and measures it).
-const QMM_RING_DEFAULT: bool = false;
+/// qmm_ring's default (see qmm_ring_on). On an H100 (session 17) the op cases and parity passed
+/// with it, and llama-3.1-8b's batched step took 9.72 ms at 64 rows against qmm_rows' 11.29, and
+/// 6.96 against 7.40 at 32.
+const QMM_RING_DEFAULT: bool = true;
 
 /// Stages of each warp's ring in qmm_ring (gemv.cu, QR_RING_STAGES).
 const QR_RING_STAGES: usize = 3;
@@ -2447,7 +2502,7 @@ fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize
         return None;
     }
     const QR_STRIDE: usize = 20; // gemv.cu: a staged row of x, in 16-byte words
-    let tiles = rows.div_ceil(8);
+    let tiles = ring_tiles(rows);
     let x_bytes = 8 * tiles * (QR_STRIDE + 16) * 16;
     let stage = 2048 + 2 * 64 * (128 / group); // weights, then scales and biases of 32 rows
     Some((x_bytes + 4 * QR_RING_STAGES * stage) as u32)
@@ -2457,11 +2512,19 @@ fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize
 /// time): qmm_rows's split partials (or, for a GLU anchored at `i`, qmm_ring_glu's), or (with
 /// cuBLAS) the weight expanded for GemmEx.
 pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: &super::fuse::Fusion) -> usize {
-    if let Some(super::fuse::Fused::Glu { g, .. }) = &fusion.anchored[i] {
-        return match qmm_glu_plan(graph, *g) {
-            Some(q) if q.splits > 1 => q.splits * q.rows * 2 * q.n * 4,
-            _ => 0,
-        };
+    match &fusion.anchored[i] {
+        Some(super::fuse::Fused::Glu { g, .. }) => {
+            return match qmm_glu_plan(graph, *g) {
+                Some(q) if q.splits > 1 => q.splits * q.rows * 2 * q.n * 4,
+                _ => 0,
+            };
+        }
+        Some(super::fuse::Fused::Products { parts, norm: None, .. }) => {
+            if let Some(q) = qmm_products_plan(graph, parts) {
+                return if q.splits > 1 { q.splits * q.rows * q.n * 4 } else { 0 };
+            }
+        }
+        _ => {}
     }
     match qmm_rows_plan(graph, i) {
         Some(q) if q.splits > 1 => q.splits * q.rows * q.n * 4,
@@ -2471,7 +2534,7 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: 
     }
 }
 
-/// Gate product `g` (of a GLU whose up has its shape) as qmm_ring_glu takes it: 2 to 64 rows,
+/// Gate product `g` (of a GLU whose up has its shape) as qmm_ring_glu takes it: 2 to 32 rows,
 /// 4-bit weights with scales in x's dtype, groups of 32 or 64; blocks of 64 rows of both
 /// weights, k split as qmm_rows_plan splits it for the ring. `MLXCEL_QMM_GLU=0` leaves gate and
 /// up as two products and act · mul as its own launch, for comparison.
@@ -2491,8 +2554,13 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
     }
     qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;
     let smem = qmm_ring_smem(x.dtype, scales, group_size, rows).filter(|_| qmm_ring_on())?;
-    // Three blocks an SM, two at 8 tiles of x (gemv.cu, QR_GLU_BLOCKS).
-    let per_sm = if rows.div_ceil(8) >= 8 { 2 } else { 3 };
+    // At 8 tiles of x the GLU kernel fits two blocks an SM (gemv.cu, QR_GLU_BLOCKS), and
+    // llama-3.1-8b's 64-row step ran 10.22 ms with it against 9.72 with gate and up as two
+    // qmm_ring launches (H100, session 17): it takes up to 4 tiles (32 rows), three blocks an SM.
+    if ring_tiles(rows) >= 8 {
+        return None;
+    }
+    let per_sm = 3;
     let name = ring_name("qmm_ring_glu", x.dtype, rows);
     Some(QmmRows::split(
         name,
@@ -2501,6 +2569,38 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
         group_size,
         n.div_ceil(64),
         per_sm,
+    ))
+}
+
+/// Products `parts` (up to three of one x and one op, each scales and biases of one dtype: a
+/// batched step's q, k and v) as qmm_ring3 takes them in one launch: where each alone would
+/// take qmm_ring (2 to 64 rows; see qmm_rows_plan), each its own blocks of 128 rows, k split as
+/// qmm_rows_plan splits it. `MLXCEL_QMM_QKV=0` leaves them as separate launches, for comparison.
+pub(crate) fn qmm_products_plan(graph: &Graph, parts: &[usize]) -> Option<QmmRows> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !(1..=3).contains(&parts.len()) || !qmm_ring_on() || !switch(&ON, "MLXCEL_QMM_QKV", true) {
+        return None;
+    }
+    let shapes = parts.iter().map(|&p| qmm_shape(graph, p)).collect::<Option<Vec<_>>>()?;
+    for q in &shapes {
+        qmm_rows_kernel(q.x.dtype, q.bits, q.group_size, q.rows, q.n, q.k)?;
+    }
+    let QmmShape {
+        x,
+        scales,
+        group_size,
+        rows,
+        k,
+        ..
+    } = shapes[0];
+    let smem = qmm_ring_smem(x.dtype, scales, group_size, rows)?;
+    Some(QmmRows::split(
+        ring_name("qmm_ring3", x.dtype, rows),
+        smem,
+        (rows, shapes.iter().map(|q| q.n).sum(), k),
+        group_size,
+        shapes.iter().map(|q| q.n.div_ceil(QR_ROWS)).sum(),
+        3,
     ))
 }
 
@@ -2764,9 +2864,10 @@ mod qmm_rows_tests {
         assert_eq!((q.name, q.splits, q.per_split), ("qmm_ring_f16_8", 3, 11));
         // 64 KiB: x staged twice (64 rows of 36 16-byte words) and 4 warps' 3 stages of 2304 bytes.
         assert_eq!(q.smem, 64 * 36 * 16 + 12 * 2304);
-        // A wide weight (the LM head) needs no split, so no partials; 33 rows are 5 tiles of 8.
+        // A wide weight (the LM head) needs no split, so no partials; 33 rows are 5 tiles of 8,
+        // taken as 8 (the last three zeros).
         let q = plan(33, 128256, 4096).unwrap();
-        assert_eq!((q.name, q.splits), ("qmm_ring_f16_5", 1));
+        assert_eq!((q.name, q.splits), ("qmm_ring_f16_8", 1));
         let g = product(33, 128256, 4096);
         let i = g.nodes.iter().position(|n| n.op.name() == "quantized_matmul").unwrap();
         assert_eq!(
@@ -2780,6 +2881,43 @@ mod qmm_rows_tests {
             shared_scratch_bytes(&g, i, true, &super::super::fuse::Fusion::none(g.nodes.len())),
             8 * 64 * 4096 * 4
         );
+    }
+
+    #[test]
+    fn a_batched_steps_q_k_and_v_take_one_ring_launch_split_to_fill_the_gpu() {
+        // llama-3.1-8b's q, k and v at 64 rows: 32 + 8 + 8 blocks of 128 rows.
+        let (rows, k) = (64, 4096);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[rows, k]);
+        let outs: Vec<_> = [4096usize, 1024, 1024]
+            .into_iter()
+            .map(|n| {
+                let w = b.parameter(
+                    "w",
+                    HostTensor::from_slice(&[n, k / 8], &vec![0u32; n * k / 8]).unwrap(),
+                );
+                let s = b.parameter(
+                    "s",
+                    HostTensor::from_f32(DType::F16, &[n, k / 64], &vec![1.0; n * k / 64]).unwrap(),
+                );
+                b.quantized_matmul(x, w, s, s, 4, 64).unwrap()
+            })
+            .collect();
+        let g = b.finish(&outs);
+        let parts: Vec<usize> = outs.iter().map(|o| o.index()).collect();
+        let fusion = super::super::fuse::Fusion::find(&g);
+        let scratch = shared_scratch_bytes(&g, parts[2], false, &fusion);
+        let Some(q) = qmm_products_plan(&g, &parts) else {
+            assert!(!qmm_ring_on() || std::env::var("MLXCEL_QMM_QKV").is_ok_and(|v| v == "0"));
+            // Three qmm_rows launches; the anchor's scratch is v's own partials.
+            assert_eq!(scratch, 8 * rows * 1024 * 4);
+            return;
+        };
+        // 48 blocks: 8 splits of the 32 chunks (384 blocks, within three an SM of 132 SMs).
+        assert_eq!((q.name, q.n, q.splits, q.per_split), ("qmm_ring3_f16_8", 6144, 8, 4));
+        assert_eq!(scratch, 8 * rows * 6144 * 4, "the partials of all three");
+        // A fourth part does not fit the launch.
+        assert!(qmm_products_plan(&g, &[parts[0], parts[1], parts[2], parts[0]]).is_none());
     }
 
     /// A routed product of `tokens` tokens, two slots each, over 8 experts of n x k 4-bit
