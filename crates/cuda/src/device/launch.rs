@@ -2187,7 +2187,7 @@ fn qmm_rows(
     let node = &graph.nodes[i];
     let scale_dtype = graph.node(node.inputs[2]).dtype;
     // A few rows (a batched decode step): every weight read once for all of them.
-    let part = if q.splits > 1 { scratch } else { 0 };
+    let part = q.partials(scratch, "product")?;
     let args = [
         Ptr(ptr(0)),
         Ptr(ptr(1)),
@@ -2236,12 +2236,7 @@ fn qmm_glu(
     scratch: u64,
 ) -> Result<()> {
     use Arg::{Ptr, I32, I64};
-    let part = if q.splits > 1 { scratch } else { 0 };
-    if q.splits > 1 && scratch == 0 {
-        return Err(Error::Backend(
-            "a split GLU launch was planned without its scratch".into(),
-        ));
-    }
+    let part = q.partials(scratch, "GLU")?;
     let mut args = vec![Ptr(at(x))];
     for m in mats {
         args.extend(m.map(|j| Ptr(at(j))));
@@ -2281,11 +2276,6 @@ fn qmm_glu(
 /// qmm_rows_sum3, which adds the biases.
 fn qmm_products(gpu: &Gpu, q: &QmmRows, args: Vec<Arg>, codes: [Arg; 2], biases: Vec<Arg>, scratch: u64) -> Result<()> {
     use Arg::{Ptr, I32, I64};
-    if q.splits > 1 && scratch == 0 {
-        return Err(Error::Backend(
-            "split fused products were planned without their scratch".into(),
-        ));
-    }
     // Slot s's output and rows (after x and the slots before it, five arguments each).
     let slot = |s: usize| [args[4 + 5 * s].clone(), args[5 + 5 * s].clone()];
     let row_blocks: usize = (0..3)
@@ -2294,7 +2284,7 @@ fn qmm_products(gpu: &Gpu, q: &QmmRows, args: Vec<Arg>, codes: [Arg; 2], biases:
             _ => 0,
         })
         .sum();
-    let part = if q.splits > 1 { scratch } else { 0 };
+    let part = q.partials(scratch, "fused products")?;
     let mut launch = args.clone();
     launch.extend(codes.iter().cloned());
     launch.extend(biases.iter().cloned());
@@ -2334,6 +2324,18 @@ pub(crate) struct QmmRows {
 }
 
 impl QmmRows {
+    /// Where the launch's split partials go: `scratch`, or null (0) without splits. An error
+    /// where `what` was planned with splits but got no scratch.
+    fn partials(&self, scratch: u64, what: &str) -> Result<u64> {
+        match (self.splits > 1, scratch) {
+            (false, _) => Ok(0),
+            (true, 0) => Err(Error::Backend(format!(
+                "a split {what} launch was planned without its scratch"
+            ))),
+            (true, p) => Ok(p),
+        }
+    }
+
     /// A launch of `blocks` blocks a split (row blocks) of `name`, `per_sm` of which fit an SM:
     /// k split as many ways as keep the grid within one wave of the 132 SMs of an H200 (a
     /// second, part-full wave would cost as much as the first), at most 8 (each split's partials
