@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Throughput of a running `mlxcel serve` (standard library only).
 
-For each concurrency level, N clients stream /v1/completions at once, each with a prompt of
+For each concurrency level, N clients stream /v1/completions at once (each connects, then all
+send their requests together), each with a prompt of
 --prompt random token ids and --max-tokens output tokens (ignore_eos, greedy). Reports
 aggregate output tok/s (all tokens / wall time) and per-stream decode tok/s (tokens after the
 first / time from first to last token), min and median. `--temperature T` (with `--top-p`)
@@ -22,14 +23,20 @@ import time
 import urllib.parse
 
 
-def one_stream(url, body, api_key, out):
+def one_stream(url, body, api_key, out, barrier):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    payload = json.dumps(body)
+    # Connected and ready, every client sends at once: otherwise the first streams' token
+    # parsing (one interpreter lock for all threads) delays the later requests' sending, and
+    # the server sees them trickle in over a second.
+    conn.connect()
+    barrier.wait()
     start = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    conn.request("POST", "/v1/completions", payload, headers)
     resp = conn.getresponse()
     if resp.status != 200:
         out.append({"error": f"{resp.status} {resp.read()[:200]!r}"})
@@ -52,6 +59,7 @@ def one_stream(url, body, api_key, out):
 def run(url, n, args, seed=0):
     rng = random.Random(n + 1000 * seed)
     results, threads = [], []
+    barrier = threading.Barrier(n)
     for _ in range(n):
         body = {
             "prompt": [rng.randrange(args.vocab) for _ in range(args.prompt)],
@@ -63,7 +71,7 @@ def run(url, n, args, seed=0):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        threads.append(threading.Thread(target=one_stream, args=(url, body, args.api_key, results)))
+        threads.append(threading.Thread(target=one_stream, args=(url, body, args.api_key, results, barrier)))
     t0 = time.perf_counter()
     for t in threads:
         t.start()

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use mlxcel_engine::batcher::{Batcher, Event, SeqParams};
 use mlxcel_engine::blocks::SeqId;
@@ -41,6 +42,11 @@ fn publish(stats: &Stats, b: &Batcher) {
     stats.preemptions.store(b.preemptions, Ordering::Relaxed);
 }
 
+/// After an idle engine's first request, how long a gap between the next ones ends the wait,
+/// and the longest the first step waits for them.
+const IDLE_GATHER_GAP: Duration = Duration::from_millis(3);
+const IDLE_GATHER_MAX: Duration = Duration::from_millis(20);
+
 /// Runs until every sender of `rx` is gone.
 pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) {
     stats
@@ -57,6 +63,13 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
             match rx.recv() {
                 Ok(s) => admit(s, &mut batcher, &mut senders),
                 Err(_) => return,
+            }
+            // A burst of requests (clients starting together) wakes an idle engine with its
+            // first: the others, arriving within a few milliseconds, join that first step's
+            // prefill rather than each costing a step of its own.
+            let until = Instant::now() + IDLE_GATHER_MAX;
+            while let Ok(s) = rx.recv_timeout(IDLE_GATHER_GAP.min(until.saturating_duration_since(Instant::now()))) {
+                admit(s, &mut batcher, &mut senders);
             }
         }
         while let Ok(s) = rx.try_recv() {
@@ -98,7 +111,6 @@ mod tests {
     use mlxcel_engine::paged::PagedEngine;
     use mlxcel_engine::scheduler::Scheduler;
     use mlxcel_engine::SamplerSettings;
-    use std::time::{Duration, Instant};
 
     /// The engine side of a disconnect, without a socket in between: once a request's receiver
     /// is gone, its blocks are back in the pool after at most the one step that was already

@@ -459,10 +459,10 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         (DType::F16, DType::F16),
         (DType::BF16, DType::BF16),
     ] {
-        // 3, 12 and 64 rows of 16-bit x by 4-bit weights: qmm_ring_glu (gate, up and act·mul in
-        // one launch, 2 blocks of 64 rows, k split in two) at 3 and 12, two qmm_ring launches at
-        // 64, or qmm_rows with MLXCEL_QMM_RING=0; other weights: the 8-row GEMV or cuBLAS, then
-        // act·mul as one elementwise launch.
+        // 3, 12 and 64 rows of 16-bit x by 4-bit weights: two qmm_ring launches (or qmm_rows
+        // with MLXCEL_QMM_RING=0; with MLXCEL_QMM_GLU=1, qmm_ring_glu at 3 and 12 rows: gate,
+        // up and act·mul in one launch, 2 blocks of 64 rows, k split in two); other weights: the
+        // 8-row GEMV or cuBLAS; then act·mul as one elementwise launch.
         for rows in [1, 3, 12, 64] {
             for bits in [0u32, 4, 8] {
                 let mut b = GraphBuilder::default();
@@ -506,10 +506,10 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             }
         }
     }
-    // Batched GLUs on qmm_ring_glu at groups of 32: GELU (tanh) and SiLU, 24 and 12 rows (3 and
-    // 2 tiles of x, the first taken as 4), 208 rows of weights (the last block has one live warp
-    // of four), k of 1024 (8 chunks, split 8 ways, so the partials' sum applies act·mul); at 40
-    // rows (8 tiles), gate and up as two qmm_ring launches.
+    // Batched GLUs at groups of 32: GELU (tanh) and SiLU, 24, 12 and 40 rows (3, 2 and 5 tiles
+    // of x, taken as 4, 2 and 8), 208 rows of weights (the last block has one live warp of
+    // four), k of 1024 (8 chunks, split 8 ways). With MLXCEL_QMM_GLU=1, qmm_ring_glu up to 4
+    // tiles (the partials' sum applies act·mul); else two qmm_ring launches.
     for (act, rows, n, unary) in [
         (DType::BF16, 24usize, 208usize, mlxcel_core::UnaryOp::GeluTanh),
         (DType::F16, 12, 48, mlxcel_core::UnaryOp::Silu),

@@ -1466,8 +1466,10 @@ mod tests {
             let graph = b.finish(&[y]);
             let f = Fusion::find(&graph);
             let glu = matches!(f.anchored[y.index()], Some(Fused::Glu { .. }));
-            // With MLXCEL_QMM_RING=0, batched steps keep gate and up as two products.
-            let fused = fused && (rows == 1 || super::super::launch::qmm_ring_on());
+            // Batched steps keep gate and up as two products unless MLXCEL_QMM_GLU=1 (with the
+            // ring on).
+            let glu_on = std::env::var("MLXCEL_QMM_GLU").is_ok_and(|v| v == "1");
+            let fused = fused && (rows == 1 || (glu_on && super::super::launch::qmm_ring_on()));
             assert_eq!(glu, fused, "{rows} rows");
         }
     }

@@ -2536,10 +2536,12 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: 
     }
 }
 
-/// Gate product `g` (of a GLU whose up has its shape) as qmm_ring_glu takes it: 2 to 32 rows,
-/// 4-bit weights with scales in x's dtype, groups of 32 or 64; blocks of 64 rows of both
-/// weights, k split as qmm_rows_plan splits it for the ring. `MLXCEL_QMM_GLU=0` leaves gate and
-/// up as two products and act · mul as its own launch, for comparison.
+/// Gate product `g` (of a GLU whose up has its shape) as qmm_ring_glu takes it, where
+/// `MLXCEL_QMM_GLU=1` asks for it: 2 to 32 rows, 4-bit weights with scales in x's dtype, groups
+/// of 32 or 64; blocks of 64 rows of both weights, k split as qmm_rows_plan splits it for the
+/// ring. Off by default: on an H100 (session 17) llama-3.1-8b's batched step ran as fast or
+/// faster with gate and up as two qmm_ring launches and act · mul as its own (8 rows: 4.57 ms
+/// against 4.58; 32 rows: 6.50 against 6.64).
 pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
     let QmmShape {
         x,
@@ -2551,7 +2553,7 @@ pub(crate) fn qmm_glu_plan(graph: &Graph, g: usize) -> Option<QmmRows> {
         k,
     } = qmm_shape(graph, g)?;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !switch(&ON, "MLXCEL_QMM_GLU", true) {
+    if !switch(&ON, "MLXCEL_QMM_GLU", false) {
         return None;
     }
     qmm_rows_kernel(x.dtype, bits, group_size, rows, n, k)?;

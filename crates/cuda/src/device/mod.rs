@@ -925,10 +925,18 @@ impl Gpu {
     }
 }
 
-/// Allows kernel `f` (`name`) `smem` bytes of dynamic shared memory: past 48 KiB a kernel must
-/// be given its limit before it launches, or before its occupancy is asked for that size.
+/// Allows kernel `f` (`name`) `smem` bytes of dynamic shared memory: past 48 KiB with its
+/// static shared memory (qmm_ring_glu's 48 KiB of ring and x, plus its pointer table), a kernel
+/// must be given its limit before it launches, or before its occupancy is asked for that size.
 fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
-    if smem > 48 << 10 {
+    // Only a large dynamic size can pass the limit with a kernel's few KiB of static memory.
+    let fixed = if smem > 16 << 10 {
+        f.shared_size_bytes()
+            .map_err(|e| Error::Backend(format!("{name}: its static shared memory: {e:?}")))?
+    } else {
+        0
+    };
+    if smem as u64 + fixed.max(0) as u64 > 48 << 10 {
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
