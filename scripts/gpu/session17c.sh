@@ -4,7 +4,8 @@
 # KiB of dynamic and its static shared memory); serve's table with the benchmark's clients
 # sending together and the engine gathering a burst's requests into its first step, with the
 # step log; Nsight's warp-stall reasons of the batch-1 tensor-core GLU and GEMV; decode of the
-# two 8B presets. About 6 minutes warm.
+# two 8B presets; the 64-row step with the batched attention's splits aimed at 4096 (default),
+# 2048 and 1024 blocks. About 6 minutes warm.
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 {
@@ -31,6 +32,8 @@ done
 echo "== decode [t=$((SECONDS - t0))]"
 bench llama8b llama-3.1-8b-4bit
 bench qwen3-8b qwen3-8b-4bit
+echo "== 64-row step, batched attention aiming at 4096 / 2048 / 1024 blocks [t=$((SECONDS - t0))]"
+for b in 4096 2048 1024; do batch 64 MLXCEL_ATT_BATCH_BLOCKS=$b; done
 echo "[t=$((SECONDS - t0))]"
 tail -3 /tmp/bench.err
 } > $OUT/report.txt 2>&1
