@@ -47,6 +47,15 @@ fn publish(stats: &Stats, b: &Batcher) {
 const IDLE_GATHER_GAP: Duration = Duration::from_millis(3);
 const IDLE_GATHER_MAX: Duration = Duration::from_millis(20);
 
+/// Takes from `rx` what arrives with gaps shorter than `gap`, for at most `most` in all, into
+/// `take` (a burst of requests after an idle engine's first).
+fn gather<T>(rx: &mpsc::Receiver<T>, gap: Duration, most: Duration, mut take: impl FnMut(T)) {
+    let until = Instant::now() + most;
+    while let Ok(item) = rx.recv_timeout(gap.min(until.saturating_duration_since(Instant::now()))) {
+        take(item);
+    }
+}
+
 /// Runs until every sender of `rx` is gone.
 pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) {
     stats
@@ -67,10 +76,9 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
             // A burst of requests (clients starting together) wakes an idle engine with its
             // first: the others, arriving within a few milliseconds, join that first step's
             // prefill rather than each costing a step of its own.
-            let until = Instant::now() + IDLE_GATHER_MAX;
-            while let Ok(s) = rx.recv_timeout(IDLE_GATHER_GAP.min(until.saturating_duration_since(Instant::now()))) {
-                admit(s, &mut batcher, &mut senders);
-            }
+            gather(&rx, IDLE_GATHER_GAP, IDLE_GATHER_MAX, |s| {
+                admit(s, &mut batcher, &mut senders)
+            });
         }
         while let Ok(s) = rx.try_recv() {
             admit(s, &mut batcher, &mut senders);
@@ -111,6 +119,48 @@ mod tests {
     use mlxcel_engine::paged::PagedEngine;
     use mlxcel_engine::scheduler::Scheduler;
     use mlxcel_engine::SamplerSettings;
+
+    /// Spaced `gap` apart on another thread, `count` items after a first one already queued.
+    fn spaced(count: u32, gap: Duration) -> mpsc::Receiver<u32> {
+        let (tx, rx) = mpsc::channel();
+        tx.send(0).unwrap();
+        std::thread::spawn(move || {
+            for i in 1..=count {
+                std::thread::sleep(gap);
+                if tx.send(i).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    #[test]
+    fn a_burst_is_gathered_until_a_gap_or_the_limit() {
+        // Items 20 ms apart, a gap of a second: all of them (the limit far off).
+        let rx = spaced(4, Duration::from_millis(20));
+        let mut got = Vec::new();
+        gather(&rx, Duration::from_secs(1), Duration::from_secs(30), |i| got.push(i));
+        assert_eq!(got, [0, 1, 2, 3, 4]);
+        // Items a second apart, a gap of 100 ms: only the one already there.
+        let rx = spaced(2, Duration::from_secs(1));
+        let mut got = Vec::new();
+        gather(&rx, Duration::from_millis(100), Duration::from_secs(30), |i| {
+            got.push(i)
+        });
+        assert_eq!(got, [0]);
+        // Items 20 ms apart without end, a gap of a second: the limit (300 ms) ends the wait.
+        let rx = spaced(u32::MAX, Duration::from_millis(20));
+        let start = Instant::now();
+        let mut got = 0;
+        gather(&rx, Duration::from_secs(1), Duration::from_millis(300), |_| got += 1);
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        assert!(got >= 2, "{got} items in 300 ms");
+    }
 
     /// The engine side of a disconnect, without a socket in between: once a request's receiver
     /// is gone, its blocks are back in the pool after at most the one step that was already
