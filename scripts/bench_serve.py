@@ -33,8 +33,17 @@ def one_stream(url, body, api_key, out, barrier):
     # Connected and ready, every client sends at once: otherwise the first streams' token
     # parsing (one interpreter lock for all threads) delays the later requests' sending, and
     # the server sees them trickle in over a second.
-    conn.connect()
-    barrier.wait()
+    try:
+        conn.connect()
+    except OSError as e:
+        out.append({"error": f"connect: {e}"})
+        barrier.abort()  # the others stop waiting for this one
+        return
+    try:
+        barrier.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        out.append({"error": "another client could not connect"})
+        return
     start = time.perf_counter()
     conn.request("POST", "/v1/completions", payload, headers)
     resp = conn.getresponse()
