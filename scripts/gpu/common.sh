@@ -124,3 +124,27 @@ ncu_batch() {
   python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
   head -22 $OUT/step-$name.md
 }
+
+# ncu_stalls KERNEL...: Nsight Compute's warp-stall reasons (average warps stalled per issued
+# instruction, by reason) for each kernel's third launch in gpu-test gemv_throughput, into
+# $OUT/ncu-stalls-KERNEL.txt, with the key lines and the largest reasons printed.
+ncu_stalls() {
+  local ncu k
+  ncu=$(ncu_bin)
+  for k in "$@"; do
+    timeout 100 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --metrics regex:'smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-stalls-$k.txt 2>&1
+    echo "== ncu $k rc=$?"
+    grep -E "Duration|DRAM Throughput|Registers Per|Block Size|Grid Size|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Eligible Warps" $OUT/ncu-stalls-$k.txt | head -12
+    grep -E "issue_stalled" $OUT/ncu-stalls-$k.txt | sort -k3 -g -r | head -8
+  done
+}
+
+# serve_steps [VAR=VALUE ...]: serve-bench.sh (CONC, SERVE_S as there) with the engine's step
+# log, then its prefill steps and the 1, 8, 32 and 64-row decode steps summarized.
+serve_steps() {
+  env MLXCEL_STEP_LOG=1 "$@" bash scripts/gpu/serve-bench.sh
+  python3 scripts/gpu/step_log.py $OUT/serve.txt | grep -E "prefill|decode (1|8|32|64) rows"
+}

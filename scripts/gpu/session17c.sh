@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU, 2026-12-06 (17), third call: the defaults checked (qmm_ring and qmm_ring3 on, the GLU
-# launch opt-in), the fused patterns with MLXCEL_QMM_GLU=1 (its launch now opts in to its 48
-# KiB of dynamic and its static shared memory); serve's table with the benchmark's clients
-# sending together and the engine gathering a burst's requests into its first step, with the
-# step log; Nsight's warp-stall reasons of the batch-1 tensor-core GLU and GEMV; decode of the
-# two 8B presets; the 64-row step with the batched attention's splits aimed at 4096 (default),
-# 2048 and 1024 blocks. About 6 minutes warm.
+# GPU, 2026-12-06 (17), written for a third call that could not start: the defaults checked
+# (qmm_ring and qmm_ring3 on, the GLU launch opt-in), the fused patterns with MLXCEL_QMM_GLU=1
+# (its launch now opts in to its 48 KiB of dynamic and its static shared memory); serve's table
+# with the benchmark's clients sending together and the engine gathering a burst's requests
+# into its first step, with the step log; the 64-row step with the batched attention aimed at
+# 4096 (default), 2048 and 1024 blocks; Nsight's warp-stall reasons of the batch-1 tensor-core
+# GLU and GEMV; decode of the two 8B presets. About 6 minutes warm.
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 {
@@ -16,24 +16,14 @@ echo "== fused patterns with MLXCEL_QMM_GLU=1 [t=$((SECONDS - t0))]"
 MLXCEL_QMM_GLU=1 MLXCEL_REQUIRE_CUDA=1 timeout 100 .gpu/tests/gpu-test fused_decode_patterns > /tmp/glu.txt 2>&1; echo "rc=$?"
 grep -E "test result|panicked" -A3 /tmp/glu.txt | head -8
 echo "== serve [t=$((SECONDS - t0))]"
-MLXCEL_STEP_LOG=1 SERVE_S=200 bash scripts/gpu/serve-bench.sh
-python3 scripts/gpu/step_log.py $OUT/serve.txt | grep -E "prefill|decode (1|8|32|64) rows"
+serve_steps SERVE_S=200
+echo "== 64-row step, attention aiming at 4096 / 2048 / 1024 blocks [t=$((SECONDS - t0))]"
+for b in 4096 2048 1024; do batch 64 MLXCEL_ATT_BATCH_BLOCKS=$b; done
 echo "== batch-1 stalls [t=$((SECONDS - t0))]"
-ncu=$(ncu_bin)
-for k in tc_qglu_f16_4 tc_qgemv_f16_4; do
-  timeout 100 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --metrics regex:'smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-    .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-stalls-$k.txt 2>&1
-  echo "== ncu $k rc=$? [t=$((SECONDS - t0))]"
-  grep -E "Duration|DRAM Throughput|Registers Per|Block Size|Grid Size|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Eligible Warps" $OUT/ncu-stalls-$k.txt | head -12
-  grep -E "issue_stalled" $OUT/ncu-stalls-$k.txt | sort -k3 -g -r | head -8
-done
+ncu_stalls tc_qglu_f16_4 tc_qgemv_f16_4
 echo "== decode [t=$((SECONDS - t0))]"
 bench llama8b llama-3.1-8b-4bit
 bench qwen3-8b qwen3-8b-4bit
-echo "== 64-row step, batched attention aiming at 4096 / 2048 / 1024 blocks [t=$((SECONDS - t0))]"
-for b in 4096 2048 1024; do batch 64 MLXCEL_ATT_BATCH_BLOCKS=$b; done
 echo "[t=$((SECONDS - t0))]"
 tail -3 /tmp/bench.err
 } > $OUT/report.txt 2>&1

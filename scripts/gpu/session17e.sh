@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU, 2026-12-06 (17), a last short call (about 2.5 minutes warm): the default checks; serve at
-# 64 streams with clients sending together and the engine gathering a burst (step log
-# summarized); the 64-row step with the batched attention aimed at 4096 / 2048 / 1024 blocks.
+# GPU, 2026-12-06 (17), a short call (about 2.5 minutes warm) for a small budget: the default
+# checks; serve at 64 streams with clients sending together and the engine gathering a burst
+# (step log summarized); the 64-row step with the batched attention aimed at 4096 / 2048 / 1024
+# blocks.
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 {
@@ -9,8 +10,7 @@ t0=$SECONDS
 echo "== checks (defaults)"
 checks_in_full
 echo "== serve at 64 [t=$((SECONDS - t0))]"
-CONC=64 MLXCEL_STEP_LOG=1 SERVE_S=100 bash scripts/gpu/serve-bench.sh
-python3 scripts/gpu/step_log.py $OUT/serve.txt | grep -E "prefill|decode (1|8|32|64) rows"
+serve_steps CONC=64 SERVE_S=100
 echo "== 64-row step, attention aiming at 4096 / 2048 / 1024 blocks [t=$((SECONDS - t0))]"
 for b in 4096 2048 1024; do batch 64 MLXCEL_ATT_BATCH_BLOCKS=$b; done
 echo "[t=$((SECONDS - t0))]"
