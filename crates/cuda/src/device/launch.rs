@@ -1504,13 +1504,12 @@ pub(crate) fn fused(
                     _ => Ptr(0),
                 })
                 .collect();
+            // A batched step's products on qmm_ring3 (fusion took them for that).
+            if let Some(q) = norm.is_none().then(|| qmm_products_plan(graph, parts)).flatten() {
+                let codes = [I32(fcode(graph.node(first.inputs[2]).dtype)?), I32(fcode(first.dtype)?)];
+                return qmm_products(gpu, &q, args, codes, bias_args, scratch);
+            }
             match first.op {
-                // A batched step's products (fusion took them for qmm_ring3).
-                Op::QuantizedMatMul { .. } if norm.is_none() && qmm_products_plan(graph, parts).is_some() => {
-                    let q = qmm_products_plan(graph, parts).expect("planned above");
-                    let codes = [I32(fcode(graph.node(first.inputs[2]).dtype)?), I32(fcode(first.dtype)?)];
-                    qmm_products(gpu, &q, args, codes, bias_args, scratch)
-                }
                 Op::QuantizedMatMul { bits, group_size } => {
                     let l = tc_gemv_kernel("qgemv", x.dtype, bits, 1, total, k)
                         .ok_or_else(|| no_tensor_cores("fused products"))?;
@@ -2206,8 +2205,7 @@ fn qmm_rows(
         I32(q.group as i32),
         I64(q.per_split as i64),
     ];
-    let grid = (q.n.div_ceil(QR_ROWS) as u32, q.splits as u32);
-    gpu.launch_grid(q.name, grid, 128, q.smem, &args)?;
+    gpu.launch_grid(q.name, q.grid(), 128, q.smem, &args)?;
     if q.splits == 1 {
         return Ok(());
     }
@@ -2255,8 +2253,7 @@ fn qmm_glu(
         I32(q.group as i32),
         I64(q.per_split as i64),
     ]);
-    let grid = (q.n.div_ceil(64) as u32, q.splits as u32);
-    gpu.launch_grid(q.name, grid, 128, q.smem, &args)?;
+    gpu.launch_grid(q.name, q.grid(), 128, q.smem, &args)?;
     if q.splits == 1 {
         return Ok(());
     }
@@ -2281,12 +2278,6 @@ fn qmm_products(gpu: &Gpu, q: &QmmRows, args: Vec<Arg>, codes: [Arg; 2], biases:
     use Arg::{Ptr, I32, I64};
     // Slot s's output and rows (after x and the slots before it, five arguments each).
     let slot = |s: usize| [args[4 + 5 * s].clone(), args[5 + 5 * s].clone()];
-    let row_blocks: usize = (0..3)
-        .map(|s| match slot(s)[1] {
-            I64(n) => (n as usize).div_ceil(QR_ROWS),
-            _ => 0,
-        })
-        .sum();
     let part = q.partials(scratch, "fused products")?;
     let mut launch = args.clone();
     launch.extend(codes.iter().cloned());
@@ -2298,7 +2289,7 @@ fn qmm_products(gpu: &Gpu, q: &QmmRows, args: Vec<Arg>, codes: [Arg; 2], biases:
         I32(q.group as i32),
         I64(q.per_split as i64),
     ]);
-    gpu.launch_grid(q.name, (row_blocks as u32, q.splits as u32), 128, q.smem, &launch)?;
+    gpu.launch_grid(q.name, q.grid(), 128, q.smem, &launch)?;
     if q.splits == 1 {
         return Ok(());
     }
@@ -2321,6 +2312,8 @@ pub(crate) struct QmmRows {
     n: usize,
     k: usize,
     group: usize,
+    /// Blocks a split (along the grid's x: the weight rows' blocks).
+    blocks: usize,
     /// Splits of k (blocks along the grid's y), each of `per_split` 128-value chunks.
     splits: usize,
     per_split: usize,
@@ -2361,8 +2354,24 @@ impl QmmRows {
             n,
             k,
             group,
+            blocks,
             splits: chunks.div_ceil(per_split),
             per_split,
+        }
+    }
+
+    /// The launch's grid: the row blocks by the splits.
+    fn grid(&self) -> (u32, u32) {
+        (self.blocks as u32, self.splits as u32)
+    }
+
+    /// Bytes of split partials the launch needs, `width` f32 values a row of x (n, or 2n for
+    /// a GLU's gate and up): none without splits.
+    fn scratch_bytes(&self, width: usize) -> usize {
+        if self.splits > 1 {
+            self.splits * self.rows * width * 4
+        } else {
+            0
         }
     }
 }
@@ -2519,21 +2528,17 @@ fn qmm_ring_smem(x: mlxcel_core::DType, scales: mlxcel_core::DType, group: usize
 pub(crate) fn shared_scratch_bytes(graph: &Graph, i: usize, blas: bool, fusion: &super::fuse::Fusion) -> usize {
     match &fusion.anchored[i] {
         Some(super::fuse::Fused::Glu { g, .. }) => {
-            return match qmm_glu_plan(graph, *g) {
-                Some(q) if q.splits > 1 => q.splits * q.rows * 2 * q.n * 4,
-                _ => 0,
-            };
+            return qmm_glu_plan(graph, *g).map_or(0, |q| q.scratch_bytes(2 * q.n));
         }
         Some(super::fuse::Fused::Products { parts, norm: None, .. }) => {
             if let Some(q) = qmm_products_plan(graph, parts) {
-                return if q.splits > 1 { q.splits * q.rows * q.n * 4 } else { 0 };
+                return q.scratch_bytes(q.n);
             }
         }
         _ => {}
     }
     match qmm_rows_plan(graph, i) {
-        Some(q) if q.splits > 1 => q.splits * q.rows * q.n * 4,
-        Some(_) => 0,
+        Some(q) => q.scratch_bytes(q.n),
         None if blas => gemm_scratch_bytes(graph, i),
         None => 0,
     }
@@ -2922,6 +2927,7 @@ mod qmm_rows_tests {
         };
         // 48 blocks: 8 splits of the 32 chunks (384 blocks, within three an SM of 132 SMs).
         assert_eq!((q.name, q.n, q.splits, q.per_split), ("qmm_ring3_f16_8", 6144, 8, 4));
+        assert_eq!(q.grid(), (48, 8));
         assert_eq!(scratch, 8 * rows * 6144 * 4, "the partials of all three");
         // A fourth part does not fit the launch.
         assert!(qmm_products_plan(&g, &[parts[0], parts[1], parts[2], parts[0]]).is_none());
