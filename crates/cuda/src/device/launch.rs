@@ -192,6 +192,10 @@ pub(crate) fn tc_gemv_kernel(
     if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(64) {
         return None;
     }
+    // The kernel indexes a weight's packed words in 32 bits.
+    if (n * k / 8) >> 32 != 0 {
+        return None;
+    }
     let smem = 2 * k + k / 8;
     if smem > MAX_STAGED_BYTES {
         return None;
