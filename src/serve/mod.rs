@@ -311,6 +311,7 @@ fn encode(state: &AppState, body: &[u8], kind: Kind) -> Result<(Vec<u32>, Settin
 }
 
 async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind) -> Result<Response, ApiError> {
+    let received = std::time::Instant::now();
     authorize(&state, &headers)?;
     let body = read_body(body, state.max_body).await?;
     let (prompt, settings) = encode(&state, &body, kind)?;
@@ -381,6 +382,7 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, kind: Kind
     };
     let submit = worker::Submit {
         id,
+        received,
         prompt: prompt.clone(),
         params,
         events: tx,

@@ -13,6 +13,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub struct Submit {
     pub id: SeqId,
+    /// When the HTTP side began reading the request (for the step log).
+    pub received: Instant,
     pub prompt: Vec<u32>,
     pub params: SeqParams,
     pub events: UnboundedSender<Event>,
@@ -63,7 +65,19 @@ pub fn run(mut batcher: Batcher, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) 
         .store(batcher.sched.pool.total_blocks() as u64, Ordering::Relaxed);
     publish(&stats, &batcher);
     let mut senders: HashMap<SeqId, UnboundedSender<Event>> = HashMap::new();
+    let epoch = Instant::now();
     let admit = |s: Submit, batcher: &mut Batcher, senders: &mut HashMap<SeqId, UnboundedSender<Event>>| {
+        if mlxcel_engine::batcher::step_log() {
+            // Whether a burst reaches the engine spread out (client or HTTP side) or waits in
+            // the queue (the engine busy with a step).
+            eprintln!(
+                "admit {} at step {}: received at {:.2} ms, taken {:.2} ms later",
+                s.id,
+                batcher.steps,
+                s.received.saturating_duration_since(epoch).as_secs_f64() * 1e3,
+                s.received.elapsed().as_secs_f64() * 1e3
+            );
+        }
         batcher.add(s.id, s.prompt, s.params);
         senders.insert(s.id, s.events);
     };
@@ -192,6 +206,7 @@ mod tests {
             let started = stats.steps.load(Ordering::Relaxed);
             tx.send(Submit {
                 id,
+                received: Instant::now(),
                 prompt: vec![1, 2, 3, 4, 5],
                 params,
                 events,

@@ -808,20 +808,23 @@ __device__ __forceinline__ uint4 pairs_order(uint4 v) {
                     __byte_perm(v.y, v.w, 0x7632));
 }
 
-// 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum as the
-// mma sees them: under ODD_IN_PLACE the odd values (words y and w) are divided by 16 (exact
-// but where that makes an f16 subnormal).
-template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum) {
+// 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum, and to
+// *osum as the mma sees them: under ODD_IN_PLACE the odd values (words y and w) are divided by
+// 16 (exact but where that makes an f16 subnormal), and the offsets' sum is then not x's.
+template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum, float* osum) {
+  float f[8];
+  unpack8<X>(v, f);
+#pragma unroll
+  for (int e = 0; e < 8; e++) *sum += f[e];
   uint4 o = pairs_order(v);
   if (TensorCore<X>::ODD_IN_PLACE) {  // f16 only: 0x2C00 is 1/16
     const unsigned sixteenth = 0x2C002C00u;
     asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(o.y) : "r"(sixteenth));
     asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(o.w) : "r"(sixteenth));
+    unpack8<X>(o, f);
   }
-  float f[8];
-  unpack8<X>(o, f);
 #pragma unroll
-  for (int e = 0; e < 8; e++) *sum += f[e];
+  for (int e = 0; e < 8; e++) *osum += f[e];
   return o;
 }
 
@@ -845,28 +848,30 @@ __device__ __forceinline__ void tc_mma_word(float* c, unsigned wa, unsigned wb, 
 }
 
 // A chunk's run sums c (runs r0 and r0 + 1 of rows a and b, each q off the offset) into the two
-// row sums acc: scale (sc) and bias (bi) of each run, s0 and s1 the sums of x over the runs.
+// row sums acc: scale (sc) and bias (bi) of each run, s0 and s1 the sums of x over the runs,
+// o0 and o1 those of the offsets' factors (tc_stage_word).
 template <class X>
 __device__ __forceinline__ void tc_scale_runs(float* acc, const float* c, const float* sc, const float* bi, float s0,
-                                              float s1) {
+                                              float s1, float o0, float o1) {
   typedef TensorCore<X> TC;
-  acc[0] += sc[0] * (c[0] - TC::OFF * s0) + bi[0] * s0;
-  acc[0] += sc[1] * (c[1] - TC::OFF * s1) + bi[1] * s1;
-  acc[1] += sc[2] * (c[2] - TC::OFF * s0) + bi[2] * s0;
-  acc[1] += sc[3] * (c[3] - TC::OFF * s1) + bi[3] * s1;
+  acc[0] += sc[0] * (c[0] - TC::OFF * o0) + bi[0] * s0;
+  acc[0] += sc[1] * (c[1] - TC::OFF * o1) + bi[1] * s1;
+  acc[1] += sc[2] * (c[2] - TC::OFF * o0) + bi[2] * s0;
+  acc[1] += sc[3] * (c[3] - TC::OFF * o1) + bi[3] * s1;
 }
 
-// x [k] staged for tc_qdot: xs (k / 8 reordered words) and xsum (k / 32 run sums), from x
-// itself or from rms_norm(a + b) (see NormIn). Ends with a block barrier.
+// x [k] staged for tc_qdot: xs (k / 8 reordered words), xsum (k / 32 run sums) and after them
+// the k / 32 sums of the offsets' factors (tc_stage_word), from x itself or from rms_norm(a + b)
+// (see NormIn). Ends with a block barrier.
 template <class X>
 __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64 k, uint4* xs, float* xsum) {
   typedef TensorCore<X> TC;
   if (!nin.a) {
     for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
-      float sum = 0.0f;
+      float sum = 0.0f, osum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 4; i++) xs[4 * r + i] = tc_stage_word<X>(((const uint4*)x)[4 * r + i], &sum);
-      xsum[r] = sum;
+      for (int i = 0; i < 4; i++) xs[4 * r + i] = tc_stage_word<X>(((const uint4*)x)[4 * r + i], &sum, &osum);
+      xsum[r] = sum, xsum[k / 32 + r] = osum;
     }
     __syncthreads();
     return;
@@ -890,7 +895,7 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
   }
   const float inv = rsqrtf(block_sum(ss) / (float)k + nin.eps);  // block_sum syncs: xs is whole
   for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
-    float sum = 0.0f;
+    float sum = 0.0f, osum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       float f[8];
@@ -898,9 +903,9 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
       Word yw;
 #pragma unroll
       for (int e = 0; e < 8; e++) X::st(yw.h, e, f[e] * inv * (ldf(nin.w, nin.wdt, 32 * r + 8 * i + e) + nin.off));
-      xs[4 * r + i] = tc_stage_word<X>(yw.u, &sum);
+      xs[4 * r + i] = tc_stage_word<X>(yw.u, &sum, &osum);
     }
-    xsum[r] = sum;
+    xsum[r] = sum, xsum[k / 32 + r] = osum;
   }
   __syncthreads();
 }
@@ -947,7 +952,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
-  float* xsum = (float*)(staged + k / 8);  // k / 32 run sums
+  float* xsum = (float*)(staged + k / 8);  // k / 32 run sums, then k / 32 offset sums
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
@@ -1037,6 +1042,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     const i64 run = c * 8 + 2 * t;
     const bool in = run < runs;
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
+    const float o0 = in ? xsum[runs + run] : 0.0f, o1 = in ? xsum[runs + run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
@@ -1069,7 +1075,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     }
 #pragma unroll
     for (int m = 0; m < NM; m++)
-      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1, o0, o1);
     if (c + warps < chunks) fetch(c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
@@ -1114,7 +1120,7 @@ TC_QGEMV3(f16, F16, _r0, )
 TC_QGEMV3(bf16, BF16, _r0, )
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 64; blockDim.x at most
-// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
+// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 4 bytes), tc_qglu's followed by a NormIn's.
 #define TC_QGEMV(XN, X, SUF, CAP)                                                                                     \
   extern "C" __global__ void CAP tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,         \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
@@ -1207,7 +1213,7 @@ struct Parts {
 // NM weights of one shape a tile (NM 2: a GLU's gate and up, mats[0] and mats[1]; NM 1:
 // mats[part] of three, one a part) applied to x [k] (given, or rms_norm(a + b) as NormIn says); epi(part,
 // row, out[0], out[NM - 1]) stores row `row` of the part (threads < 16). Dynamic shared memory: x staged as
-// tc_qdot stages it (2k + k/8 bytes, rounded up to 16), then each warp's `ring` stages.
+// tc_qdot stages it (2k + k/4 bytes, rounded up to 16), then each warp's `ring` stages.
 template <class X, int NM, class Epi>
 __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const QMat* mats, const Parts& parts,
                                          int sdt, i64 k, int group, int ring, Epi epi) {
@@ -1219,7 +1225,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;
   const int ssz = sdt == 0 ? 4 : 2, srow = (256 / group) * ssz, mbytes = 2048 + 32 * srow;
-  unsigned char* base = (unsigned char*)staged + (2 * k + k / 8 + 15) / 16 * 16 + (i64)warp * ring * NM * mbytes;
+  unsigned char* base = (unsigned char*)staged + (2 * k + k / 4 + 15) / 16 * 16 + (i64)warp * ring * NM * mbytes;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   const bool half_last = k % 256 != 0;
   const i64 tiles = (parts.n[0] + parts.n[1] + parts.n[2] + 15) / 16;
@@ -1302,6 +1308,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       bi[m][3] = ldf(zp + (g + 8) * srow, sdt, lg1);
     }
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
+    const float o0 = in ? xsum[runs + run] : 0.0f, o1 = in ? xsum[runs + run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
@@ -1325,7 +1332,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
     }
 #pragma unroll
     for (int m = 0; m < NM; m++)
-      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1, o0, o1);
     c += warps;
     if (c >= chunks) {  // the tile's last chunk of this warp: the block sums and stores it
       float out[NM];
@@ -1485,24 +1492,21 @@ template <class X> __device__ __forceinline__ unsigned pair_of(float v) {
 }
 // The A fragments of one 32-bit word of rows g and g + 8 (wa, wb: 8 nibbles each) for mma:
 // a[h] holds the nibble pairs (0,4)/(1,5) (h = 0) or (2,6)/(3,7) (h = 1), each value made
-// by one LOP3 (tc_nibbles: off + q, or off + 16q for an odd pair under ODD_IN_PLACE), brought
-// exactly to q by one FMA, then q · scale + bias rounded once to X (sc, bi: each row's scale
-// and bias in both halves).
+// the exact off + q of one LOP3, less off, then q · scale + bias rounded once to X (sc, bi:
+// each row's scale and bias in both halves).
 template <class X>
 __device__ __forceinline__ void qmm_a_fragments(unsigned wa, unsigned wb, const unsigned* sc, const unsigned* bi,
                                                 unsigned (*a)[4]) {
   typedef TensorCore<X> TC;
   typedef Pair<X> P;
-  const float odd = TC::ODD_IN_PLACE ? 1.0f / 16 : 1.0f;
   const unsigned one = pair_of<X>(1.0f), less = pair_of<X>(-TC::OFF);
-  const unsigned oone = pair_of<X>(odd), oless = pair_of<X>(-TC::OFF * odd);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    const unsigned ha = wa >> (8 * h), hb = wb >> (8 * h);
-    a[h][0] = P::fma(P::fma(tc_nibbles<X, false>(ha), one, less), sc[0], bi[0]);
-    a[h][1] = P::fma(P::fma(tc_nibbles<X, false>(hb), one, less), sc[1], bi[1]);
-    a[h][2] = P::fma(P::fma(tc_nibbles<X, true>(ha), oone, oless), sc[0], bi[0]);
-    a[h][3] = P::fma(P::fma(tc_nibbles<X, true>(hb), oone, oless), sc[1], bi[1]);
+    const int sh = 8 * h;
+    a[h][0] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> sh), one, less), sc[0], bi[0]);
+    a[h][1] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> sh), one, less), sc[1], bi[1]);
+    a[h][2] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> (sh + 4)), one, less), sc[0], bi[0]);
+    a[h][3] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> (sh + 4)), one, less), sc[1], bi[1]);
   }
 }
 //

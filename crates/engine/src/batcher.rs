@@ -201,8 +201,9 @@ impl Batcher {
 }
 
 /// `MLXCEL_STEP_LOG=1`: each step's decode rows, prefill rows and tokens, and the wall time of
-/// each part, on stderr (where a server's time goes between requests).
-fn step_log() -> bool {
+/// each part, on stderr (where a server's time goes between requests; `mlxcel serve` adds when
+/// each request came and when the engine took it).
+pub fn step_log() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLXCEL_STEP_LOG").is_ok_and(|v| v == "1"))
 }
