@@ -16,7 +16,7 @@ log "== decode, old / new / old / new [t=$((SECONDS - t0))]"
 for p in llama-3.1-8b-4bit qwen3-8b-4bit; do
   run old "old-$p" $p; run bench "new-$p" $p; run old "old2-$p" $p; run bench "new2-$p" $p
 done
-for p in llama-3.2-1b-4bit qwen3-30b-a3b-4bit gemma3-1b-4bit; do run old "old-$p" $p; run bench "new-$p" $p; done
+for p in llama-3.2-1b-4bit qwen3-30b-a3b-4bit; do run old "old-$p" $p; run bench "new-$p" $p; done
 log "== serve at 64, with when each request came and was taken [t=$((SECONDS - t0))]"
 run serve_steps CONC=64 SERVE_S=100
 grep "^admit" $OUT/serve.txt | tail -64 | head -64 >> $OUT/report.txt
