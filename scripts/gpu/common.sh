@@ -149,3 +149,17 @@ serve_steps() {
   env MLXCEL_STEP_LOG=1 "$@" bash scripts/gpu/serve-bench.sh
   python3 scripts/gpu/step_log.py $OUT/serve.txt | grep -E "prefill|decode (1|8|32|64) rows"
 }
+
+# A script's report written as it goes, so a call cut short still returns what it measured:
+# rlog TEXT appends a line to $OUT/report.txt, rrun CMD... appends a command's output.
+rlog() { echo "$*" >> $OUT/report.txt; }
+rrun() { "$@" >> $OUT/report.txt 2>&1; }
+
+# old_new ROUNDS PRESET...: decode of each preset with the build before a change (.gpu/old) and
+# after it, alternating, ROUNDS times each, into the report.
+old_new() {
+  local rounds=$1 p i; shift
+  for p in "$@"; do
+    for i in $(seq "$rounds"); do rrun old "old$i-$p" $p; rrun bench "new$i-$p" $p; done
+  done
+}

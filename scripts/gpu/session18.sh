@@ -5,31 +5,28 @@
 # benchmark's clients sending together and the engine gathering a burst, with the step log;
 # then more presets, the GLU launch's fix and the batched attention aimed at 2048 blocks.
 # In order of need (a call cut short still returns its report so far). About 6 minutes.
+# (It ran as call 1 with these helpers written inline; they are now common.sh's rlog, rrun, old_new.)
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 t0=$SECONDS
-log() { echo "$*" >> $OUT/report.txt; }
-run() { "$@" >> $OUT/report.txt 2>&1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader > $OUT/report.txt
-log "== checks (new build)"
-run checks_in_full
-log "== decode, old / new / old / new [t=$((SECONDS - t0))]"
-for p in llama-3.1-8b-4bit qwen3-8b-4bit; do
-  run old "old-$p" $p; run bench "new-$p" $p; run old "old2-$p" $p; run bench "new2-$p" $p
-done
-log "== 64-row step old / new [t=$((SECONDS - t0))]"
+rlog "== checks (new build)"
+rrun checks_in_full
+rlog "== decode, old / new / old / new [t=$((SECONDS - t0))]"
+old_new 2 llama-3.1-8b-4bit qwen3-8b-4bit
+rlog "== 64-row step old / new [t=$((SECONDS - t0))]"
 timeout 90 .gpu/old/mlxcel bench --preset llama-3.1-8b-4bit --device cuda --batch 64 -p 256 -g 64 -r 2 --json > /tmp/batch.json 2>> /tmp/bench.err
-log "old batch 64 $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
-run batch 64
-log "== serve (new build) [t=$((SECONDS - t0))]"
-run serve_steps SERVE_S=200
-log "== more decode [t=$((SECONDS - t0))]"
-for p in llama-3.2-1b-4bit qwen3-30b-a3b-4bit; do run old "old-$p" $p; run bench "new-$p" $p; done
-log "== fused patterns with MLXCEL_QMM_GLU=1 [t=$((SECONDS - t0))]"
-MLXCEL_QMM_GLU=1 MLXCEL_REQUIRE_CUDA=1 timeout 100 .gpu/tests/gpu-test fused_decode_patterns > /tmp/glu.txt 2>&1; log "rc=$?"
+rlog "old batch 64 $(grep -o '"aggregate_tps_mean"[^,]*' /tmp/batch.json) $(grep -o '"ms_per_step_mean"[^,}]*' /tmp/batch.json)"
+rrun batch 64
+rlog "== serve (new build) [t=$((SECONDS - t0))]"
+rrun serve_steps SERVE_S=200
+rlog "== more decode [t=$((SECONDS - t0))]"
+old_new 1 llama-3.2-1b-4bit qwen3-30b-a3b-4bit
+rlog "== fused patterns with MLXCEL_QMM_GLU=1 [t=$((SECONDS - t0))]"
+MLXCEL_QMM_GLU=1 MLXCEL_REQUIRE_CUDA=1 timeout 100 .gpu/tests/gpu-test fused_decode_patterns > /tmp/glu.txt 2>&1; rlog "rc=$?"
 grep -E "test result|panicked" -A3 /tmp/glu.txt | head -8 >> $OUT/report.txt
-log "== 64-row step, attention aiming at 2048 blocks [t=$((SECONDS - t0))]"
-run batch 64 MLXCEL_ATT_BATCH_BLOCKS=2048
-log "[t=$((SECONDS - t0))]"
+rlog "== 64-row step, attention aiming at 2048 blocks [t=$((SECONDS - t0))]"
+rrun batch 64 MLXCEL_ATT_BATCH_BLOCKS=2048
+rlog "[t=$((SECONDS - t0))]"
 tail -3 /tmp/bench.err >> $OUT/report.txt
 cat $OUT/report.txt

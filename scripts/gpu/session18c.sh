@@ -7,21 +7,17 @@
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 t0=$SECONDS
-log() { echo "$*" >> $OUT/report.txt; }
-run() { "$@" >> $OUT/report.txt 2>&1; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
-log "== checks (new build)"
-run checks_in_full
-log "== decode, old / new / old / new [t=$((SECONDS - t0))]"
-for p in llama-3.1-8b-4bit qwen3-8b-4bit; do
-  run old "old-$p" $p; run bench "new-$p" $p; run old "old2-$p" $p; run bench "new2-$p" $p
-done
-for p in llama-3.2-1b-4bit qwen3-30b-a3b-4bit; do run old "old-$p" $p; run bench "new-$p" $p; done
-log "== serve at 64, with when each request came and was taken [t=$((SECONDS - t0))]"
-run serve_steps CONC=64 SERVE_S=100
+rlog "== checks (new build)"
+rrun checks_in_full
+rlog "== decode, old / new / old / new [t=$((SECONDS - t0))]"
+old_new 2 llama-3.1-8b-4bit qwen3-8b-4bit
+old_new 1 llama-3.2-1b-4bit qwen3-30b-a3b-4bit
+rlog "== serve at 64, with when each request came and was taken [t=$((SECONDS - t0))]"
+rrun serve_steps CONC=64 SERVE_S=100
 grep "^admit" $OUT/serve.txt | tail -64 | head -64 >> $OUT/report.txt
-log "== stalls [t=$((SECONDS - t0))]"
-run ncu_stalls tc_qglu_f16_4
-log "[t=$((SECONDS - t0))]"
+rlog "== stalls [t=$((SECONDS - t0))]"
+rrun ncu_stalls tc_qglu_f16_4
+rlog "[t=$((SECONDS - t0))]"
 tail -3 /tmp/bench.err >> $OUT/report.txt
 cat $OUT/report.txt
