@@ -83,8 +83,9 @@ ncu_gemv() {
 }
 
 # unpack_ptx: the gzipped PTX caches (.gpu/extra/ptx-*.ptx.gz, and .gpu/old's, the build a change
-# is measured against, as ptx.gz + ptx.name or as restage.sh's ptx-*.gz) into the cache directory, with the cubin ptxas made of it where staged
-# (.gpu/extra/ptx-*.cubin.gz: the driver then need not compile the PTX, about 70 s cold).
+# is measured against, as ptx.gz + ptx.name or as restage.sh's ptx-*.gz) into the cache
+# directory, with the cubin ptxas made of it where staged (ptx-*.cubin.gz: the driver then need
+# not compile the PTX, about 70 s cold).
 unpack_ptx() {
   local f
   for f in .gpu/extra/ptx-*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$MLXCEL_CACHE_DIR/$(basename "${f%.gz}")"; done
