@@ -744,11 +744,23 @@ DGEMV_X(bf16, BF16)
 // c's dot product alone and each run keeps its own scale and bias whatever the group size.
 // Warps of a block split k; the block sums them and writes its 16 outputs.
 
+// (w & MASK) | MAGIC in one LOP3 (written apart, ptxas gives each constant an instruction).
+template <unsigned MASK, unsigned MAGIC> __device__ __forceinline__ unsigned lop_or(unsigned w) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(MASK), "n"(MAGIC));
+  return r;
+}
+
+// ODD_IN_PLACE: nibbles 1, 3, 5 and 7 of a word are masked where they lie (bits 4-7 of each
+// half) instead of shifted down, which makes them off + 16q: exact where the 16-bit type has
+// room for 16q under off's exponent (f16's 10 mantissa bits; not bf16's 7). Their x is staged
+// divided by 16 (and their offset in the run sums with it), so each product is unchanged.
 template <class X> struct TensorCore;
 template <> struct TensorCore<F16> {
   static constexpr int DT = 1;
   static constexpr unsigned MAGIC = 0x64006400u;
   static constexpr float OFF = 1024.0f;
+  static constexpr bool ODD_IN_PLACE = true;
   static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -760,6 +772,7 @@ template <> struct TensorCore<BF16> {
   static constexpr int DT = 2;
   static constexpr unsigned MAGIC = 0x43004300u;
   static constexpr float OFF = 128.0f;
+  static constexpr bool ODD_IN_PLACE = false;
   static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -767,6 +780,15 @@ template <> struct TensorCore<BF16> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// The A values of nibble pair (e, e + 4) of w, e = 2h (even) or 2h + 1 (odd): off + q, or
+// off + 16q for odd e under ODD_IN_PLACE. One shift (by 8) serves both pairs of a half word.
+template <class X, bool ODD> __device__ __forceinline__ unsigned tc_nibbles(unsigned w) {
+  typedef TensorCore<X> TC;
+  if (!ODD) return lop_or<0x000F000Fu, TC::MAGIC>(w);
+  if (TC::ODD_IN_PLACE) return lop_or<0x00F000F0u, TC::MAGIC>(w);
+  return lop_or<0x000F000Fu, TC::MAGIC>(w >> 4);
+}
 
 // Most warps a tensor-core GEMV block has (its partial sums live in static shared memory).
 #define TC_WARPS 16
@@ -785,13 +807,24 @@ __device__ __forceinline__ uint4 pairs_order(uint4 v) {
                     __byte_perm(v.y, v.w, 0x7632));
 }
 
-// 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum.
-template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum) {
+// 8 values of x (in x's dtype) into xs's order (0,4,1,5,2,6,3,7), adding them to *sum, and to
+// *osum as the mma sees them: under ODD_IN_PLACE the odd values (words y and w) are divided by
+// 16 (exact but where that makes an f16 subnormal), and the offsets' sum is then not x's.
+template <class X> __device__ __forceinline__ uint4 tc_stage_word(uint4 v, float* sum, float* osum) {
   float f[8];
   unpack8<X>(v, f);
 #pragma unroll
   for (int e = 0; e < 8; e++) *sum += f[e];
-  return pairs_order(v);
+  uint4 o = pairs_order(v);
+  if (TensorCore<X>::ODD_IN_PLACE) {  // f16 only: 0x2C00 is 1/16
+    const unsigned sixteenth = 0x2C002C00u;
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(o.y) : "r"(sixteenth));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(o.w) : "r"(sixteenth));
+    unpack8<X>(o, f);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; e++) *osum += f[e];
+  return o;
 }
 
 // One 32-bit word of each of rows a and b (8 nibbles: k slots e and e + 4 in each half)
@@ -800,41 +833,44 @@ template <class X>
 __device__ __forceinline__ void tc_mma_word(float* c, unsigned wa, unsigned wb, uint4 xb) {
   typedef TensorCore<X> TC;
   unsigned a[4];
-  a[0] = (wa & 0x000F000Fu) | TC::MAGIC;
-  a[1] = (wb & 0x000F000Fu) | TC::MAGIC;
-  a[2] = ((wa >> 4) & 0x000F000Fu) | TC::MAGIC;
-  a[3] = ((wb >> 4) & 0x000F000Fu) | TC::MAGIC;
+  a[0] = tc_nibbles<X, false>(wa);
+  a[1] = tc_nibbles<X, false>(wb);
+  a[2] = tc_nibbles<X, true>(wa);
+  a[3] = tc_nibbles<X, true>(wb);
   TC::mma(c, a, xb.x, xb.y);
-  a[0] = ((wa >> 8) & 0x000F000Fu) | TC::MAGIC;
-  a[1] = ((wb >> 8) & 0x000F000Fu) | TC::MAGIC;
-  a[2] = ((wa >> 12) & 0x000F000Fu) | TC::MAGIC;
-  a[3] = ((wb >> 12) & 0x000F000Fu) | TC::MAGIC;
+  wa >>= 8, wb >>= 8;
+  a[0] = tc_nibbles<X, false>(wa);
+  a[1] = tc_nibbles<X, false>(wb);
+  a[2] = tc_nibbles<X, true>(wa);
+  a[3] = tc_nibbles<X, true>(wb);
   TC::mma(c, a, xb.z, xb.w);
 }
 
 // A chunk's run sums c (runs r0 and r0 + 1 of rows a and b, each q off the offset) into the two
-// row sums acc: scale (sc) and bias (bi) of each run, s0 and s1 the sums of x over the runs.
+// row sums acc: scale (sc) and bias (bi) of each run, s0 and s1 the sums of x over the runs,
+// o0 and o1 those of the offsets' factors (tc_stage_word).
 template <class X>
 __device__ __forceinline__ void tc_scale_runs(float* acc, const float* c, const float* sc, const float* bi, float s0,
-                                              float s1) {
+                                              float s1, float o0, float o1) {
   typedef TensorCore<X> TC;
-  acc[0] += sc[0] * (c[0] - TC::OFF * s0) + bi[0] * s0;
-  acc[0] += sc[1] * (c[1] - TC::OFF * s1) + bi[1] * s1;
-  acc[1] += sc[2] * (c[2] - TC::OFF * s0) + bi[2] * s0;
-  acc[1] += sc[3] * (c[3] - TC::OFF * s1) + bi[3] * s1;
+  acc[0] += sc[0] * (c[0] - TC::OFF * o0) + bi[0] * s0;
+  acc[0] += sc[1] * (c[1] - TC::OFF * o1) + bi[1] * s1;
+  acc[1] += sc[2] * (c[2] - TC::OFF * o0) + bi[2] * s0;
+  acc[1] += sc[3] * (c[3] - TC::OFF * o1) + bi[3] * s1;
 }
 
-// x [k] staged for tc_qdot: xs (k / 8 reordered words) and xsum (k / 32 run sums), from x
-// itself or from rms_norm(a + b) (see NormIn). Ends with a block barrier.
+// x [k] staged for tc_qdot: xs (k / 8 reordered words), xsum (k / 32 run sums) and after them
+// the k / 32 sums of the offsets' factors (tc_stage_word), from x itself or from rms_norm(a + b)
+// (see NormIn). Ends with a block barrier.
 template <class X>
 __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64 k, uint4* xs, float* xsum) {
   typedef TensorCore<X> TC;
   if (!nin.a) {
     for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
-      float sum = 0.0f;
+      float sum = 0.0f, osum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 4; i++) xs[4 * r + i] = tc_stage_word<X>(((const uint4*)x)[4 * r + i], &sum);
-      xsum[r] = sum;
+      for (int i = 0; i < 4; i++) xs[4 * r + i] = tc_stage_word<X>(((const uint4*)x)[4 * r + i], &sum, &osum);
+      xsum[r] = sum, xsum[k / 32 + r] = osum;
     }
     __syncthreads();
     return;
@@ -858,7 +894,7 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
   }
   const float inv = rsqrtf(block_sum(ss) / (float)k + nin.eps);  // block_sum syncs: xs is whole
   for (i64 r = threadIdx.x; r < k / 32; r += blockDim.x) {
-    float sum = 0.0f;
+    float sum = 0.0f, osum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       float f[8];
@@ -866,9 +902,9 @@ __device__ __forceinline__ void tc_stage_x(const void* x, const NormIn& nin, i64
       Word yw;
 #pragma unroll
       for (int e = 0; e < 8; e++) X::st(yw.h, e, f[e] * inv * (ldf(nin.w, nin.wdt, 32 * r + 8 * i + e) + nin.off));
-      xs[4 * r + i] = tc_stage_word<X>(yw.u, &sum);
+      xs[4 * r + i] = tc_stage_word<X>(yw.u, &sum, &osum);
     }
-    xsum[r] = sum;
+    xsum[r] = sum, xsum[k / 32 + r] = osum;
   }
   __syncthreads();
 }
@@ -915,7 +951,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
-  float* xsum = (float*)(staged + k / 8);  // k / 32 run sums
+  float* xsum = (float*)(staged + k / 8);  // k / 32 run sums, then k / 32 offset sums
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;  // which of its two words feeds B (column g)
@@ -929,55 +965,61 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
   uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
   unsigned sb[NM][4];   // each matrix's four 16-bit scale | bias pairs
-  // This lane's rows a and b of the tile at r0 (clamped to the last row).
-  auto rows_of = [&](i64 r0, i64& ra, i64& rb) {
-    ra = r0 + g < n ? r0 + g : n - 1, rb = r0 + g + 8 < n ? r0 + g + 8 : n - 1;
-  };
-  // Where of chunk c of the tile at r0 this lane's scales and biases are: runs 2t and 2t + 1
-  // of rows a and b.
-  auto scale_at = [&](i64 r0, i64 c, i64* at) {
+  // This lane's rows a and b of the tile (clamped to the last row), as offsets of their first
+  // packed word and first group, made once: the chunk loop only adds the chunk's.
+  // 32-bit: the launch keeps n · k / 8 below 2^32.
+  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
+  const unsigned wa = (unsigned)(ra * wrow), wb = (unsigned)(rb * wrow);
+  const unsigned ga = (unsigned)(ra * groups), gb = (unsigned)(rb * groups);
+  const int iruns = (int)runs;
+  // Where of chunk c this lane's scales and biases are: runs 2t and 2t + 1 of rows a and b.
+  auto scale_at = [&](i64 c, i64* at) {
     if (packed) {
       const int per = 8 >> gshift;  // groups a chunk row
-      const i64 rows = ((r0 >> 4) * chunks + c) * 16;
+      const i64 rows = ((row0 >> 4) * chunks + c) * 16;
       const int g0 = (2 * t) >> gshift, g1 = (2 * t + 1) >> gshift;
       at[0] = (rows + g) * per + g0, at[1] = (rows + g) * per + g1;
       at[2] = (rows + g + 8) * per + g0, at[3] = (rows + g + 8) * per + g1;
       return;
     }
-    const i64 run = c * 8 + 2 * t;
-    const i64 g0 = run < runs ? run >> gshift : 0, g1 = run < runs ? (run + 1) >> gshift : 0;
-    i64 ra, rb;
-    rows_of(r0, ra, rb);
-    at[0] = ra * groups + g0, at[1] = ra * groups + g1, at[2] = rb * groups + g0, at[3] = rb * groups + g1;
+    const int run = (int)c * 8 + 2 * t;
+    const unsigned g0 = run < iruns ? run >> gshift : 0, g1 = run < iruns ? (run + 1) >> gshift : 0;
+    at[0] = ga + g0, at[1] = ga + g1, at[2] = gb + g0, at[3] = gb + g1;
   };
   // 16-bit scales and biases are requested with the chunk's words, a scale and its bias in one
   // register, and converted where they are used, so neither load waits for the other (f32 ones,
   // which would need twice the registers, are loaded where they are used).
-  auto fetch = [&](i64 r0, i64 c) {  // chunk c's words (and 16-bit scales and biases)
-    const bool in0 = c * 8 + t < runs, in1 = c * 8 + t + 4 < runs;  // words t and t + 4 within k
-    i64 ra, rb;
-    rows_of(r0, ra, rb);
+  auto fetch = [&](i64 c) {  // chunk c's words (and 16-bit scales and biases)
 #pragma unroll
     for (int m = 0; m < NM; m++) {
       if (packed) {
-        const uint4* p = (const uint4*)w[m] + ((r0 >> 4) * chunks + c) * 128 + lane;
+        const uint4* p = (const uint4*)w[m] + ((row0 >> 4) * chunks + c) * 128 + lane;
         q[m][0][0] = __ldcs(p);
         q[m][1][0] = __ldcs(p + 32);
         q[m][0][1] = __ldcs(p + 64);
         q[m][1][1] = __ldcs(p + 96);
         continue;
       }
-      const uint4* pa = (const uint4*)(w[m] + ra * wrow) + c * 8;
-      const uint4* pb = (const uint4*)(w[m] + rb * wrow) + c * 8;
+      const unsigned word = (unsigned)c * 32 + 4 * t;  // this lane's first word of chunk c
+      const uint4* pa = (const uint4*)(w[m] + (wa + word));
+      const uint4* pb = (const uint4*)(w[m] + (wb + word));
+      if ((int)c * 8 + 8 <= iruns) {  // a whole chunk (uniform across the warp): no lane's word is past k
+        q[m][0][0] = __ldcs(pa);
+        q[m][0][1] = __ldcs(pa + 4);
+        q[m][1][0] = __ldcs(pb);
+        q[m][1][1] = __ldcs(pb + 4);
+        continue;
+      }
+      const bool in0 = (int)c * 8 + t < iruns, in1 = (int)c * 8 + t + 4 < iruns;  // words t and t + 4 within k
       const uint4 zero = make_uint4(0, 0, 0, 0);
-      q[m][0][0] = in0 ? __ldcs(pa + t) : zero;
-      q[m][0][1] = in1 ? __ldcs(pa + t + 4) : zero;
-      q[m][1][0] = in0 ? __ldcs(pb + t) : zero;
-      q[m][1][1] = in1 ? __ldcs(pb + t + 4) : zero;
+      q[m][0][0] = in0 ? __ldcs(pa) : zero;
+      q[m][0][1] = in1 ? __ldcs(pa + 4) : zero;
+      q[m][1][0] = in0 ? __ldcs(pb) : zero;
+      q[m][1][1] = in1 ? __ldcs(pb + 4) : zero;
     }
     if (sdt == 0) return;
     i64 at[4];
-    scale_at(r0, c, at);
+    scale_at(c, at);
 #pragma unroll
     for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -985,7 +1027,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         sb[m][i] = ((const unsigned short*)s[m])[at[i]] | (unsigned)((const unsigned short*)z[m])[at[i]] << 16;
   };
   if (stage) pdl_trigger();
-  if (warp < chunks) fetch(row0, warp);
+  if (warp < chunks) fetch(warp);
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -999,6 +1041,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     const i64 run = c * 8 + 2 * t;
     const bool in = run < runs;
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
+    const float o0 = in ? xsum[runs + run] : 0.0f, o1 = in ? xsum[runs + run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
@@ -1023,7 +1066,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
         for (int i = 0; i < 4; i++) sc[m][i] = bits_float(sb[m][i] & 0xffffu, sdt), bi[m][i] = bits_float(sb[m][i] >> 16, sdt);
     } else {
       i64 at[4];
-      scale_at(row0, c, at);
+      scale_at(c, at);
 #pragma unroll
       for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -1031,8 +1074,8 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     }
 #pragma unroll
     for (int m = 0; m < NM; m++)
-      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
-    if (c + warps < chunks) fetch(row0, c + warps);
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1, o0, o1);
+    if (c + warps < chunks) fetch(c + warps);
   }
   __shared__ float wpart[TC_WARPS][NM][16];
   tc_block_sum<NM>(acc, wpart, out);
@@ -1076,7 +1119,7 @@ TC_QGEMV3(f16, F16, _r0, )
 TC_QGEMV3(bf16, BF16, _r0, )
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 64; blockDim.x at most
-// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 8 bytes), tc_qglu's followed by a NormIn's.
+// 32 · TC_WARPS; dynamic shared memory k · 2 + k / 4 bytes), tc_qglu's followed by a NormIn's.
 #define TC_QGEMV(XN, X, SUF, CAP)                                                                                     \
   extern "C" __global__ void CAP tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,         \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
@@ -1169,7 +1212,7 @@ struct Parts {
 // NM weights of one shape a tile (NM 2: a GLU's gate and up, mats[0] and mats[1]; NM 1:
 // mats[part] of three, one a part) applied to x [k] (given, or rms_norm(a + b) as NormIn says); epi(part,
 // row, out[0], out[NM - 1]) stores row `row` of the part (threads < 16). Dynamic shared memory: x staged as
-// tc_qdot stages it (2k + k/8 bytes, rounded up to 16), then each warp's `ring` stages.
+// tc_qdot stages it (2k + k/4 bytes, rounded up to 16), then each warp's `ring` stages.
 template <class X, int NM, class Epi>
 __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const QMat* mats, const Parts& parts,
                                          int sdt, i64 k, int group, int ring, Epi epi) {
@@ -1181,7 +1224,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   const int g = lane >> 2, t = lane & 3;
   const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;
   const int ssz = sdt == 0 ? 4 : 2, srow = (256 / group) * ssz, mbytes = 2048 + 32 * srow;
-  unsigned char* base = (unsigned char*)staged + (2 * k + k / 8 + 15) / 16 * 16 + (i64)warp * ring * NM * mbytes;
+  unsigned char* base = (unsigned char*)staged + (2 * k + k / 4 + 15) / 16 * 16 + (i64)warp * ring * NM * mbytes;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   const bool half_last = k % 256 != 0;
   const i64 tiles = (parts.n[0] + parts.n[1] + parts.n[2] + 15) / 16;
@@ -1264,6 +1307,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       bi[m][3] = ldf(zp + (g + 8) * srow, sdt, lg1);
     }
     const float s0 = in ? xsum[run] : 0.0f, s1 = in ? xsum[run + 1] : 0.0f;
+    const float o0 = in ? xsum[runs + run] : 0.0f, o1 = in ? xsum[runs + run + 1] : 0.0f;
     float cc[NM][4];
 #pragma unroll
     for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
@@ -1287,7 +1331,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
     }
 #pragma unroll
     for (int m = 0; m < NM; m++)
-      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1);
+      if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1, o0, o1);
     c += warps;
     if (c >= chunks) {  // the tile's last chunk of this warp: the block sums and stores it
       float out[NM];
@@ -1458,10 +1502,10 @@ __device__ __forceinline__ void qmm_a_fragments(unsigned wa, unsigned wb, const 
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int sh = 8 * h;
-    a[h][0] = P::fma(P::fma(((wa >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[0], bi[0]);
-    a[h][1] = P::fma(P::fma(((wb >> sh) & 0x000F000Fu) | TC::MAGIC, one, less), sc[1], bi[1]);
-    a[h][2] = P::fma(P::fma(((wa >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[0], bi[0]);
-    a[h][3] = P::fma(P::fma(((wb >> (sh + 4)) & 0x000F000Fu) | TC::MAGIC, one, less), sc[1], bi[1]);
+    a[h][0] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> sh), one, less), sc[0], bi[0]);
+    a[h][1] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> sh), one, less), sc[1], bi[1]);
+    a[h][2] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> (sh + 4)), one, less), sc[0], bi[0]);
+    a[h][3] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> (sh + 4)), one, less), sc[1], bi[1]);
   }
 }
 //

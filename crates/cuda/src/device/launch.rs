@@ -192,7 +192,12 @@ pub(crate) fn tc_gemv_kernel(
     if !tune.tensor_cores || rows != 1 || bits != 4 || !matches!(x, DType::F16 | DType::BF16) || !k.is_multiple_of(64) {
         return None;
     }
-    let smem = 2 * k + k / 8;
+    // The kernel indexes a weight's packed words in 32 bits.
+    if (n * k / 8) >> 32 != 0 {
+        return None;
+    }
+    // x staged, its run sums and its offsets' sums (gemv.cu, tc_stage_x).
+    let smem = 2 * k + k / 4;
     if smem > MAX_STAGED_BYTES {
         return None;
     }
@@ -260,7 +265,7 @@ pub(crate) fn tc_ring(
     let warps = warps.unwrap_or((l.block as usize / 32).min(8)).min(chunks);
     // A warp's items: its chunks of a tile, times the tiles of a block where blocks loop.
     let items = chunks.div_ceil(warps) * if tiles > 2 * 132 { 8 } else { 1 };
-    let x = (2 * k + k / 8).next_multiple_of(16);
+    let x = (2 * k + k / 4).next_multiple_of(16);
     let stage = nm * (2048 + 32 * (256 / group) * ssz);
     let mut ring = ring.min(items);
     while ring >= 2 && x + warps * ring * stage > MAX_RING_BYTES {
