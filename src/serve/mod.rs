@@ -23,7 +23,7 @@ use mlxcel_engine::chat::ChatMessage;
 use mlxcel_engine::paged::PagedEngine;
 use mlxcel_engine::sampler::TokenLogprobs;
 use mlxcel_engine::scheduler::Scheduler;
-use mlxcel_engine::tokenizer::Tokenizer;
+use mlxcel_engine::tokenizer::{StreamDecoder, Tokenizer};
 use mlxcel_engine::SamplerSettings;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -505,10 +505,9 @@ impl Job {
 
 /// Tokens of one request turned into text, stopping at EOS, length or a stop string.
 struct Collector {
-    tok: Arc<Tokenizer>,
-    ids: Vec<u32>,
-    /// Bytes of decoded text already passed on (`decode(ids)` prefix).
-    decoded: String,
+    /// Decodes a window of the latest ids each token, not all of them (which made a long
+    /// completion's text quadratic in its length).
+    text: StreamDecoder<Arc<Tokenizer>>,
     stops: StopMatcher,
     tokens: usize,
     /// Log-probabilities of tokens not yet passed on.
@@ -524,34 +523,20 @@ enum Step {
 impl Collector {
     fn new(tok: Arc<Tokenizer>, stops: Vec<String>) -> Collector {
         Collector {
-            tok,
-            ids: Vec::new(),
-            decoded: String::new(),
+            text: StreamDecoder::new(tok),
             stops: StopMatcher::new(stops),
             tokens: 0,
             logprobs: Vec::new(),
         }
     }
 
-    /// New complete text after `ids` grew (never a half character).
-    fn fresh_text(&mut self) -> Result<String, String> {
-        let all = self.tok.decode(&self.ids).map_err(|e| format!("{e:#}"))?;
-        if all.ends_with('\u{FFFD}') || !all.starts_with(&self.decoded) {
-            return Ok(String::new());
-        }
-        let new = all[self.decoded.len()..].to_string();
-        self.decoded = all;
-        Ok(new)
-    }
-
     fn on(&mut self, ev: Event) -> Step {
         match ev {
             Event::Token(id, lp) => {
                 self.logprobs.extend(lp);
-                self.ids.push(id);
                 self.tokens += 1;
-                match self.fresh_text() {
-                    Err(e) => Step::Error(e),
+                match self.text.push(id) {
+                    Err(e) => Step::Error(format!("{e:#}")),
                     Ok(piece) => match self.stops.push(&piece) {
                         (text, true) => Step::Done { text, finish: "stop" },
                         (text, false) => Step::Text(text),
@@ -560,8 +545,7 @@ impl Collector {
             }
             Event::Finished(reason) => {
                 // Whatever the last ids leave (a trailing partial character comes out as U+FFFD).
-                let all = self.tok.decode(&self.ids).unwrap_or_default();
-                let rest = all.get(self.decoded.len()..).unwrap_or("").to_string();
+                let rest = self.text.finish().unwrap_or_default();
                 let (mut text, hit) = self.stops.push(&rest);
                 if !hit {
                     text.push_str(&self.stops.finish());

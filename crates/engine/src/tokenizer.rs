@@ -3,6 +3,7 @@
 //! `generation_config.json`, plus incremental detokenization for streaming.
 
 use std::fs;
+use std::ops::Deref;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -186,12 +187,8 @@ impl Tokenizer {
         write_json(&dir.join("generation_config.json"), &generation)
     }
 
-    pub fn stream(&self) -> StreamDecoder<'_> {
-        StreamDecoder {
-            tokenizer: self,
-            ids: Vec::new(),
-            emitted: 0,
-        }
+    pub fn stream(&self) -> StreamDecoder<&Tokenizer> {
+        StreamDecoder::new(self)
     }
 
     /// Added tokens in `text` (`<|eot_id|>`, `<s>`) are recognized either way; `false` keeps the
@@ -213,8 +210,11 @@ impl Tokenizer {
 /// start of a decode, so the window and its emitted part must start at the same id). The text past
 /// the emitted part is released once it no longer ends in U+FFFD, the mark of an unfinished byte
 /// sequence.
-pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+///
+/// `T` is how the decoder holds its tokenizer: `&Tokenizer` (`Tokenizer::stream`) or an
+/// `Arc<Tokenizer>` where the decoder outlives the borrow (a server's response stream).
+pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     ids: Vec<u32>,
     /// How many of `ids` have had their text emitted.
     emitted: usize,
@@ -224,7 +224,15 @@ pub struct StreamDecoder<'a> {
 /// are invalid bytes, not an unfinished character, and are emitted as they are.
 const MAX_PENDING_IDS: usize = 8;
 
-impl StreamDecoder<'_> {
+impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
+    pub fn new(tokenizer: T) -> StreamDecoder<T> {
+        StreamDecoder {
+            tokenizer,
+            ids: Vec::new(),
+            emitted: 0,
+        }
+    }
+
     /// Feeds one generated id; returns the newly completed text (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
