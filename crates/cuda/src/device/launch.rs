@@ -313,7 +313,7 @@ pub(crate) fn switch(cell: &'static std::sync::OnceLock<bool>, var: &str, on_by_
 }
 
 /// The tuning variable `var` as a number, if set and one.
-fn env_usize(var: &str) -> Option<usize> {
+pub(crate) fn env_usize(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
 }
 

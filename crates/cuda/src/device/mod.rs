@@ -833,20 +833,26 @@ impl Gpu {
     }
 
     /// A GEMV launch; a tensor-core one whose blocks loop over row tiles (staging x once) gets
-    /// only as many blocks as the device holds at once (`MLXCEL_TC_PERSIST=0`: a block a tile).
+    /// only as many blocks as the device holds at once (`MLXCEL_TC_PERSIST=0`: a block a tile;
+    /// `=2`: no more blocks than it takes for each to do the same number of tiles, the most any
+    /// block does anyway, so none idles while others do a last tile).
     fn launch_gemv(&self, l: &launch::GemvLaunch, args: &[Arg]) -> Result<()> {
-        static PERSIST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let persist = launch::switch(&PERSIST, "MLXCEL_TC_PERSIST", true);
+        static PERSIST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let persist = *PERSIST.get_or_init(|| launch::env_usize("MLXCEL_TC_PERSIST").unwrap_or(1));
         let mut grid = l.grid;
         let tensor_cores = l.name.starts_with("tc_qgemv") || l.name.starts_with("tc_qglu");
-        if persist && tensor_cores {
+        if persist != 0 && tensor_cores {
             let f = self.func(l.name)?;
             // The occupancy of a block past 48 KiB counts only once the kernel is allowed it.
             allow_shared(&f, l.name, l.smem)?;
             let per_sm = f
                 .occupancy_max_active_blocks_per_multiprocessor(l.block, l.smem as usize, None)
                 .map_err(driver_err)?;
-            grid = grid.min((per_sm * self.sms).max(1));
+            let resident = (per_sm * self.sms).max(1);
+            if persist == 2 && grid > resident {
+                grid = grid.div_ceil(grid.div_ceil(resident));
+            }
+            grid = grid.min(resident);
         }
         if tensor_cores && programmatic(l.weights) {
             return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
