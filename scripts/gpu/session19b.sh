@@ -20,9 +20,8 @@ rlog "== llama-3.1-8b by tensor-core warps a block [t=$((SECONDS - t0))]"
 rrun bench default llama-3.1-8b-4bit
 for w in 2 8 16; do rrun bench warps$w llama-3.1-8b-4bit MLXCEL_TC_WARPS=$w; done
 rlog "== persistent grids: a block a tile (0), as many as fit (1, default), balanced (2) [t=$((SECONDS - t0))]"
-for p in llama-3.1-8b-4bit qwen3-8b-4bit; do
-  for i in 1 2; do for m in 1 2 0; do rrun bench persist$m-$p $p MLXCEL_TC_PERSIST=$m; done; done
-done
+for i in 1 2; do for m in 1 2 0; do rrun bench persist$m-llama llama-3.1-8b-4bit MLXCEL_TC_PERSIST=$m; done; done
+for m in 1 2 0; do rrun bench persist$m-qwen3 qwen3-8b-4bit MLXCEL_TC_PERSIST=$m; done
 rlog "== sweep [t=$((SECONDS - t0))]"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo wip) rrun sweep
 cp /tmp/sweep.md $OUT/ 2>/dev/null
