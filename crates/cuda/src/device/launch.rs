@@ -1972,12 +1972,12 @@ fn decode_attention_splits(graph: &Graph, i: usize) -> Option<usize> {
     let fill = *FILL.get_or_init(|| env_usize("MLXCEL_ATT_FILL").unwrap_or(264).max(1));
     let blocks = a.b * a.hq / lanes_group(graph, i);
     if a.b > 1 && keys_per_split().is_none() {
-        // A batched step has blocks enough: about 4096 in all (serve's 64-row step on the 8B
-        // preset measured 5709 tok/s at 9 splits of 512 blocks; `MLXCEL_ATT_BATCH_BLOCKS=N`
-        // aims at N, for tuning), splits of up to 512 keys, so that each layer's partials stay
-        // near rows · 8 · (dv + 2) floats at long contexts.
+        // A batched step has blocks enough: about 2048 in all (serve's 64-row step on the 8B
+        // preset, H200: 7254.6 and 7218.8 tok/s against 6931.9 and 6931.3 aiming at 4096;
+        // `MLXCEL_ATT_BATCH_BLOCKS=N` aims at N, for tuning), splits of up to 512 keys, so
+        // that each layer's partials stay near rows · 8 · (dv + 2) floats at long contexts.
         static AIM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let aim = *AIM.get_or_init(|| env_usize("MLXCEL_ATT_BATCH_BLOCKS").unwrap_or(4096).max(1));
+        let aim = *AIM.get_or_init(|| env_usize("MLXCEL_ATT_BATCH_BLOCKS").unwrap_or(2048).max(1));
         let most = aim.div_ceil(blocks).max(a.s.div_ceil(512));
         return Some(by_keys.min(most).min(a.s).clamp(1, 256));
     }
