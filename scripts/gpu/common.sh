@@ -156,6 +156,17 @@ serve_steps() {
 rlog() { echo "$*" >> $OUT/report.txt; }
 rrun() { "$@" >> $OUT/report.txt 2>&1; }
 
+# checked_report: how a measuring script starts. The kernels' cache unpacked, the GPU's name
+# as the report's first line, the checks of the build under it; t0 set for elapsed times
+# (`[t=$((SECONDS - t0))]`).
+checked_report() {
+  unpack_ptx
+  t0=$SECONDS
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
+  rlog "== checks"
+  rrun checks_in_full
+}
+
 # old_new ROUNDS PRESET...: decode of each preset with the build before a change (.gpu/old) and
 # after it, alternating, ROUNDS times each, into the report.
 old_new() {

@@ -5,11 +5,7 @@
 # serve at 64 streams with when each request reached the HTTP side and the engine; then the
 # warp-stall reasons of the batch-1 GLU. In order of need; about 4 minutes.
 source "$(dirname "$0")/common.sh"
-unpack_ptx
-t0=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
-rlog "== checks (new build)"
-rrun checks_in_full
+checked_report
 rlog "== decode, old / new / old / new [t=$((SECONDS - t0))]"
 old_new 2 llama-3.1-8b-4bit qwen3-8b-4bit
 old_new 1 llama-3.2-1b-4bit qwen3-30b-a3b-4bit

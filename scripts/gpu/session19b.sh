@@ -6,11 +6,7 @@
 # against the default and a block a tile; the representative sweep. In order
 # of need, about 7 minutes warm.
 source "$(dirname "$0")/common.sh"
-unpack_ptx
-t0=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
-rlog "== checks"
-rrun checks_in_full
+checked_report
 rlog "== serve [t=$((SECONDS - t0))]"
 rrun serve_steps SERVE_S=200
 rrun python3 scripts/gpu/admits.py $OUT/serve.txt

@@ -4,11 +4,7 @@
 # and 64 streams with the tokenizer's fix and the arrival log; the 64-row step's attention
 # block aim; the balanced persistent grid; the sweep. In order of need, about 9 minutes warm.
 source "$(dirname "$0")/common.sh"
-unpack_ptx
-t0=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
-rlog "== checks (new build)"
-rrun checks_in_full
+checked_report
 rlog "== decode, old / new [t=$((SECONDS - t0))]"
 old_new 2 llama-3.1-8b-4bit qwen3-8b-4bit
 old_new 1 llama-3.2-1b-4bit qwen3-30b-a3b-4bit gemma3-1b-4bit
