@@ -1502,10 +1502,10 @@ __device__ __forceinline__ void qmm_a_fragments(unsigned wa, unsigned wb, const 
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int sh = 8 * h;
-    a[h][0] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> sh), one, less), sc[0], bi[0]);
-    a[h][1] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> sh), one, less), sc[1], bi[1]);
-    a[h][2] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wa >> (sh + 4)), one, less), sc[0], bi[0]);
-    a[h][3] = P::fma(P::fma(lop_or<0x000F000Fu, TC::MAGIC>(wb >> (sh + 4)), one, less), sc[1], bi[1]);
+    a[h][0] = P::fma(P::fma(tc_nibbles<X, false>(wa >> sh), one, less), sc[0], bi[0]);
+    a[h][1] = P::fma(P::fma(tc_nibbles<X, false>(wb >> sh), one, less), sc[1], bi[1]);
+    a[h][2] = P::fma(P::fma(tc_nibbles<X, false>(wa >> (sh + 4)), one, less), sc[0], bi[0]);
+    a[h][3] = P::fma(P::fma(tc_nibbles<X, false>(wb >> (sh + 4)), one, less), sc[1], bi[1]);
   }
 }
 //
