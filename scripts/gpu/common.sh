@@ -103,12 +103,13 @@ old() {
 
 # ncu_step NAME PRESET [VAR=VALUE ...]: each kernel of a replayed decode step timed by Nsight
 # Compute (duration only, no cache flush), summed by step_kernels.py into $OUT/step-NAME.md.
+# The prompt is P tokens (default 64).
 ncu_step() {
   local name=$1 preset=$2 ncu; shift 2
   ncu=$(ncu_bin)
   env "$@" timeout 150 $ncu --csv --metrics gpu__time_duration.sum --cache-control none --clock-control none \
     --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-2500} --log-file /tmp/ncu-$name.csv \
-    .gpu/bin/mlxcel bench --preset $preset --device cuda -p 64 -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
+    .gpu/bin/mlxcel bench --preset $preset --device cuda -p ${P:-64} -g 40 -r 1 > /dev/null 2>> /tmp/ncu.err
   echo "== ncu step $name rc=$?"
   python3 scripts/gpu/step_kernels.py /tmp/ncu-$name.csv --full $OUT/step-$name.tsv > $OUT/step-$name.md 2>&1
   head -22 $OUT/step-$name.md

@@ -172,7 +172,15 @@ pub struct Gpu {
     /// the device address of the row-major upload they copy; a session removes its own when it
     /// ends, before its buffers are freed.
     packed: std::sync::Mutex<HashMap<u64, u64>>,
+    /// The stream-K GEMVs' partial sums (2 · 2 · 16 floats for each of up to 64 warps an SM)
+    /// and their tickets (one a tile, up to 2^16, zero between launches): see
+    /// [`Gpu::stream_k_args`].
+    stream_k: CudaSlice<u8>,
 }
+
+/// Bytes of stream-K partials an SM (64 warps of 2 slots of 2 · 16 floats) and of tickets.
+const STREAM_K_PART: usize = 64 * 2 * 2 * 16 * 4;
+const STREAM_K_TICKETS: usize = (1 << 16) * 4;
 
 impl Gpu {
     pub fn open() -> Result<Arc<Gpu>> {
@@ -198,6 +206,9 @@ impl Gpu {
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err)? as u32;
+        let stream_k = stream
+            .alloc_zeros::<u8>(STREAM_K_PART * sms as usize + STREAM_K_TICKETS)
+            .map_err(driver_err)?;
         Ok(Arc::new(Gpu {
             blas,
             stream,
@@ -205,6 +216,7 @@ impl Gpu {
             funcs: Default::default(),
             sms,
             packed: Default::default(),
+            stream_k,
         }))
     }
 
@@ -230,6 +242,17 @@ impl Gpu {
 
     fn ptr(&self, s: &CudaSlice<u8>) -> u64 {
         s.device_ptr(&self.stream).0
+    }
+
+    /// The last two arguments of a stream-K GEMV (gemv.cu `tc_stream`): its partials and its
+    /// tickets. Every such launch shares them: launches run one after another on the stream,
+    /// and a programmatic one touches them only after waiting for the one before.
+    pub(crate) fn stream_k_args(&self) -> [Arg; 2] {
+        let part = self.ptr(&self.stream_k);
+        [
+            Arg::Ptr(part),
+            Arg::Ptr(part + (STREAM_K_PART * self.sms as usize) as u64),
+        ]
     }
 
     /// The tile-packed copies of a 4-bit weight's words, scales and biases at these row-major
@@ -854,6 +877,14 @@ impl Gpu {
             }
             grid = grid.min(resident);
         }
+        let mut with_k;
+        let args = if l.name.contains("_sk") {
+            with_k = args.to_vec();
+            with_k.extend(self.stream_k_args());
+            &with_k[..]
+        } else {
+            args
+        };
         if tensor_cores && programmatic(l.weights) {
             return self.launch_programmatic(l.name, grid, l.block, l.smem, args);
         }
