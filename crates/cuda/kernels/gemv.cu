@@ -1134,15 +1134,11 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
 // the unbounded _r0 variant for small blocks. The GLU (106-120 registers) measured slower
 // capped at 96/80/64 registers (which spill): 263/258/256 tok/s against 270.
 #define TC_GEMV_CAP __launch_bounds__(512, 2)
-// The double-buffered loop (tc_qdot's DB) is compiled unbounded (`_db`) and, for a product,
-// bounded at 80 registers (`_db80`: three 256-thread blocks an SM; the GLU spills at 128 and
-// q/k/v at 80).
-#define TC_DB_GEMV_CAP __launch_bounds__(256, 3)
 
 // Up to three products of one x (attention's q, k and v) in one launch: the blocks run over the
 // 16-row tiles of each weight in turn (each n a multiple of 16). Same scale and output dtypes;
 // x given or computed from a NormIn; a non-null b0/b1/b2 is that product's bias (with_bias).
-#define TC_QGEMV3(XN, X, SUF, CAP, DB)                                                                                    \
+#define TC_QGEMV3(XN, X, SUF, CAP)                                                                                    \
   extern "C" __global__ void CAP tc_qgemv3_##XN##_4##SUF(                                                             \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
@@ -1158,21 +1154,19 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; s = s2; z = z2; b = b2; y = y2; n = n2; }                       \
       else if (row0 >= n0) { row0 -= n0; w = w1; s = s1; z = z1; b = b1; y = y1; n = n1; }                            \
       float out[1];                                                                                                   \
-      tc_qdot<X, 1, DB>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
+      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &s, &z, sdt, row0, n, k, group, out);                         \
       const i64 row = row0 + threadIdx.x;                                                                             \
       if (threadIdx.x < 16 && row < n) stf(y, ydt, row, with_bias(out[0], b, ydt, row));                              \
     }                                                                                                                 \
   }
-TC_QGEMV3(f16, F16, , TC_GEMV_CAP, false)
-TC_QGEMV3(bf16, BF16, , TC_GEMV_CAP, false)
-TC_QGEMV3(f16, F16, _r0, , false)
-TC_QGEMV3(bf16, BF16, _r0, , false)
-TC_QGEMV3(f16, F16, _db, , true)
-TC_QGEMV3(bf16, BF16, _db, , true)
+TC_QGEMV3(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV3(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV3(f16, F16, _r0, )
+TC_QGEMV3(bf16, BF16, _r0, )
 
 // The parameter lists of qgemv and qglu (m must be 1; k a multiple of 64; blockDim.x at most
 // 32 · TC_WARPS; dynamic shared memory k · 2 + k / 4 bytes), tc_qglu's followed by a NormIn's.
-#define TC_QGEMV(XN, X, SUF, CAP, DB)                                                                                     \
+#define TC_QGEMV(XN, X, SUF, CAP)                                                                                     \
   extern "C" __global__ void CAP tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,         \
                                                const void* z, int sdt, void* y, int ydt, i64 n, i64 k,                \
                                                int group) {                                                           \
@@ -1182,12 +1176,12 @@ TC_QGEMV3(bf16, BF16, _db, , true)
     float out[1];                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
       const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 1, DB>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
+      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
-#define TC_QGLU(XN, X, SUF, DB, CAP)                                                                                                \
-  extern "C" __global__ void CAP tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,                 \
+#define TC_QGLU(XN, X, SUF, DB)                                                                                        \
+  extern "C" __global__ void tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,             \
                                               const void* zg, const unsigned* wu, const void* su, const void* zu,     \
                                               int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k,          \
                                               int group, NORM_IN_PARAMS) {                                            \
@@ -1197,209 +1191,19 @@ TC_QGEMV3(bf16, BF16, _db, , true)
     float out[2];                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
       const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                         \
+      tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                      \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
   }
-TC_QGEMV(f16, F16, , TC_GEMV_CAP, false)
-TC_QGEMV(bf16, BF16, , TC_GEMV_CAP, false)
-TC_QGEMV(f16, F16, _r0, , false)
-TC_QGEMV(bf16, BF16, _r0, , false)
-TC_QGEMV(f16, F16, _db, , true)
-TC_QGEMV(bf16, BF16, _db, , true)
-TC_QGEMV(f16, F16, _db80, TC_DB_GEMV_CAP, true)
-TC_QGEMV(bf16, BF16, _db80, TC_DB_GEMV_CAP, true)
-TC_QGLU(f16, F16, , false, )
-TC_QGLU(bf16, BF16, , false, )
-TC_QGLU(f16, F16, _db, true, )
-TC_QGLU(bf16, BF16, _db, true, )
-
-// ---- The same products with the grid's warps splitting the chunks evenly ----------------------
-// tc_qdot gives each block whole 16-row tiles, so a product of T tiles on B resident blocks runs
-// ceil(T / B) rounds of tiles, the last with only T mod B blocks busy (llama-3.1-8b's GLU: 896
-// tiles on 660 blocks, two rounds for 1.36 of work). Here the chunks of all tiles, tile by tile,
-// are cut into one contiguous range a warp, all of a length within one; a warp sums each tile it
-// covers whole and writes it, and a tile shared by several warps is finished by the last of them
-// to arrive (a ticket a tile): each wrote its partial sums to its slot (0 for the first tile of
-// its range, 1 for the last), and the last adds them in warp order, so the result does not
-// depend on the order of arrival. Plain layout, 16-bit scales, k a multiple of 256, n of 16,
-// and at least one chunk a warp (the launch sees to all four). With DB, the next chunk's loads
-// are out while this one's products run (across tiles too). `part` holds 2 · NM · 16 floats a
-// warp of the grid, `tickets` one counter a tile, zero between launches (the last resets it).
-template <class X, int NM, bool DB, class Epi>
-__device__ __forceinline__ void tc_stream(const void* x, const NormIn& nin, const unsigned* const* w,
-                                          const void* const* s, const void* const* z, int sdt, i64 n, i64 k,
-                                          int group, float* part, unsigned* tickets, Epi epi) {
-  extern __shared__ float4 staged[];
-  uint4* xs = (uint4*)staged;
-  float* xsum = (float*)(staged + k / 8);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int mine = g == t ? 0 : g == t + 4 ? 1 : -1;
-  const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
-  const unsigned wrow = (unsigned)(k / 8), groups = (unsigned)(k / group), runs = (unsigned)(k / 32);
-  const unsigned chunks = (unsigned)(k / 256), total = (unsigned)(n / 16) * chunks;
-  const unsigned all = gridDim.x * (blockDim.x >> 5), me = blockIdx.x * (blockDim.x >> 5) + warp;
-  auto first = [&](unsigned v) { return (unsigned)((unsigned long long)v * total / all); };  // warp v's first chunk
-  // The warp whose range holds chunk f.
-  auto owner = [&](unsigned f) { return (unsigned)(((unsigned long long)(f + 1) * all + total - 1) / total) - 1; };
-  const unsigned f0 = first(me), f1 = first(me + 1);
-  struct Chunk {
-    uint4 q[NM][2][2];
-    unsigned sb[NM][4];
-  };
-  auto fetch = [&](unsigned f, Chunk& b) {
-    const unsigned tile = f / chunks, c = f - tile * chunks;
-    const unsigned ra = tile * 16 + g, rb = ra + 8;
-    const unsigned word = c * 32 + 4 * t;
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      const uint4* pa = (const uint4*)(w[m] + (ra * wrow + word));
-      const uint4* pb = (const uint4*)(w[m] + (rb * wrow + word));
-      b.q[m][0][0] = __ldcs(pa);
-      b.q[m][0][1] = __ldcs(pa + 4);
-      b.q[m][1][0] = __ldcs(pb);
-      b.q[m][1][1] = __ldcs(pb + 4);
-    }
-    const unsigned run = c * 8 + 2 * t, ia = ra * groups + (run >> gshift), ib = rb * groups + (run >> gshift);
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      const unsigned short *sm = (const unsigned short*)s[m], *zm = (const unsigned short*)z[m];
-      if (gshift == 0) {  // groups 2t and 2t + 1: adjacent (and 4-byte aligned, which the launch checks)
-        const unsigned sa = ((const unsigned*)sm)[ia >> 1], za = ((const unsigned*)zm)[ia >> 1];
-        const unsigned sb_ = ((const unsigned*)sm)[ib >> 1], zb = ((const unsigned*)zm)[ib >> 1];
-        b.sb[m][0] = __byte_perm(sa, za, 0x5410), b.sb[m][1] = __byte_perm(sa, za, 0x7632);
-        b.sb[m][2] = __byte_perm(sb_, zb, 0x5410), b.sb[m][3] = __byte_perm(sb_, zb, 0x7632);
-      } else {
-        b.sb[m][0] = b.sb[m][1] = sm[ia] | (unsigned)zm[ia] << 16;
-        b.sb[m][2] = b.sb[m][3] = sm[ib] | (unsigned)zm[ib] << 16;
-      }
-    }
-  };
-  float acc[NM][2];
-#pragma unroll
-  for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.0f;
-  // Chunk f of b into acc; at the end of its tile or of the range, the tile's sums out.
-  auto product = [&](unsigned f, const Chunk& b) {
-    const unsigned tile = f / chunks, c = f - tile * chunks;
-    const unsigned run = c * 8 + 2 * t;
-    const float s0 = xsum[run], s1 = xsum[run + 1], o0 = xsum[runs + run], o1 = xsum[runs + run + 1];
-    float cc[NM][4];
-#pragma unroll
-    for (int m = 0; m < NM; m++) cc[m][0] = cc[m][1] = cc[m][2] = cc[m][3] = 0.0f;
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const uint4 xb = u == mine ? xs[c * 32 + 4 * (t + 4 * u) + j] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int m = 0; m < NM; m++)
-          tc_mma_word<X>(cc[m], ((const unsigned*)&b.q[m][0][u])[j], ((const unsigned*)&b.q[m][1][u])[j], xb);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      float sc[4], bi[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) sc[i] = bits_float(b.sb[m][i] & 0xffffu, sdt), bi[i] = bits_float(b.sb[m][i] >> 16, sdt);
-      tc_scale_runs<X>(acc[m], cc[m], sc, bi, s0, s1, o0, o1);
-    }
-    if (c != chunks - 1 && f != f1 - 1) return;
-    float v[NM][2];
-#pragma unroll
-    for (int m = 0; m < NM; m++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        v[m][h] = acc[m][h];
-        v[m][h] += __shfl_xor_sync(0xffffffffu, v[m][h], 1);
-        v[m][h] += __shfl_xor_sync(0xffffffffu, v[m][h], 2);
-        acc[m][h] = 0.0f;
-      }
-    const unsigned t0 = tile * chunks;
-    if (f0 <= t0 && f1 >= t0 + chunks) {  // the whole tile is this warp's
-      if (t == 0) {
-        float a[NM], bb[NM];
-#pragma unroll
-        for (int m = 0; m < NM; m++) a[m] = v[m][0], bb[m] = v[m][1];
-        epi(tile * 16 + g, a);
-        epi(tile * 16 + g + 8, bb);
-      }
-      return;
-    }
-    float* p = part + ((i64)me * 2 + (tile == f0 / chunks ? 0 : 1)) * NM * 16;
-    if (t == 0) {
-#pragma unroll
-      for (int m = 0; m < NM; m++) __stcg(p + m * 16 + g, v[m][0]), __stcg(p + m * 16 + g + 8, v[m][1]);
-    }
-    __threadfence();
-    __syncwarp();
-    const unsigned lo = owner(t0), hi = owner(t0 + chunks - 1);
-    unsigned ticket = 0;
-    if (lane == 0) ticket = atomicAdd(tickets + tile, 1u);
-    ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket != hi - lo) return;
-    __threadfence();
-    if (lane < 16) {
-      float r[NM];
-#pragma unroll
-      for (int m = 0; m < NM; m++) r[m] = 0.0f;
-      for (unsigned o = lo; o <= hi; o++) {
-        const float* q = part + ((i64)o * 2 + (tile == first(o) / chunks ? 0 : 1)) * NM * 16;
-#pragma unroll
-        for (int m = 0; m < NM; m++) r[m] += __ldcg(q + m * 16 + lane);
-      }
-      epi(tile * 16 + lane, r);
-    }
-    if (lane == 0) tickets[tile] = 0;
-  };
-  Chunk a;
-  pdl_trigger();
-  fetch(f0, a);
-  pdl_wait();
-  tc_stage_x<X>(x, nin, k, xs, xsum);
-  if (!DB) {
-    for (unsigned f = f0; f < f1; f++) {
-      product(f, a);
-      if (f + 1 < f1) fetch(f + 1, a);
-    }
-    return;
-  }
-  Chunk b;
-  for (unsigned f = f0; f < f1; f += 2) {
-    if (f + 1 < f1) fetch(f + 1, b);
-    product(f, a);
-    if (f + 1 >= f1) break;
-    if (f + 2 < f1) fetch(f + 2, a);
-    product(f + 1, b);
-  }
-}
-
-// The stream-K forms of tc_qgemv and tc_qglu (`_sk`, `_skdb` with DB): their parameter lists
-// followed by the partials and the tickets (see tc_stream).
-#define TC_STREAM(XN, X, SUF, DB)                                                                                     \
-  extern "C" __global__ void tc_qgemv_##XN##_4##SUF(const void* x, int, const unsigned* w, const void* s,             \
-                                                    const void* z, int sdt, void* y, int ydt, i64 n, i64 k,           \
-                                                    int group, float* part, unsigned* tickets) {                      \
-    const void* ss[1] = {s};                                                                                          \
-    const void* zs[1] = {z};                                                                                          \
-    tc_stream<X, 1, DB>(x, NormIn{}, &w, ss, zs, sdt, n, k, group, part, tickets,                                     \
-                        [&](i64 row, const float* v) { stf(y, ydt, row, v[0]); });                                    \
-  }                                                                                                                   \
-  extern "C" __global__ void tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,            \
-                                                   const void* zg, const unsigned* wu, const void* su,                \
-                                                   const void* zu, int sdt, void* y, int ydt, int gdt, int act,       \
-                                                   i64 n, i64 k, int group, NORM_IN_PARAMS, float* part,              \
-                                                   unsigned* tickets) {                                               \
-    const unsigned* ws[2] = {wg, wu};                                                                                 \
-    const void* ss[2] = {sg, su};                                                                                     \
-    const void* zs[2] = {zg, zu};                                                                                     \
-    tc_stream<X, 2, DB>(x, NORM_IN, ws, ss, zs, sdt, n, k, group, part, tickets,                                      \
-                        [&](i64 row, const float* v) { stf(y, ydt, row, glu_out(v[0], v[1], gdt, act)); });          \
-  }
-TC_STREAM(f16, F16, _sk, false)
-TC_STREAM(bf16, BF16, _sk, false)
-TC_STREAM(f16, F16, _skdb, true)
-TC_STREAM(bf16, BF16, _skdb, true)
+TC_QGEMV(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV(f16, F16, _r0, )
+TC_QGEMV(bf16, BF16, _r0, )
+TC_QGLU(f16, F16, , false)
+TC_QGLU(bf16, BF16, , false)
+TC_QGLU(f16, F16, _db, true)
+TC_QGLU(bf16, BF16, _db, true)
 
 // ---- The same products with each warp's weights streamed through shared memory -----------------
 // tc_qdot has one chunk of a warp's weights in flight (in its registers) and drains at every
@@ -1600,7 +1404,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
   extern "C" __global__ void tc_qgemv_##XN##_4_ring(const void* x, int, const unsigned* w, const void* s,             \
                                                    const void* z, int sdt, void* y, int ydt, i64 n, i64 k,            \
                                                    int group, int ring) {                                             \
-    const QMat mats[3] = {{w, s, z}, {w, s, z}, {w, s, z}};                                                                                 \
+    const QMat mats[3] = {{w, s, z}, {w, s, z}, {w, s, z}};                                                            \
     tc_qring<X, 1>(x, NormIn{}, mats, Parts{{n, 0, 0}}, sdt, k, group, ring,                                          \
                    [&](int, i64 r, float o, float) { stf(y, ydt, r, o); });                                            \
   }                                                                                                                   \
@@ -1608,7 +1412,7 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
       const void* x, int, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu, const void* su,     \
       const void* zu, int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k, int group, NORM_IN_PARAMS,          \
       int ring) {                                                                                                     \
-    const QMat mats[3] = {{wg, sg, zg}, {wu, su, zu}, {wu, su, zu}};                                                                \
+    const QMat mats[3] = {{wg, sg, zg}, {wu, su, zu}, {wu, su, zu}};                                                   \
     tc_qring<X, 2>(x, NORM_IN, mats, Parts{{n, 0, 0}}, sdt, k, group, ring,                                           \
                    [&](int, i64 r, float g, float u) { stf(y, ydt, r, glu_out(g, u, gdt, act)); });                    \
   }                                                                                                                   \

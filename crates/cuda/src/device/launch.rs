@@ -207,23 +207,15 @@ pub(crate) fn tc_gemv_kernel(
         let want = (132 * 32usize).div_ceil(tiles).clamp(2, 16).min(chunks);
         (0..=4).rev().map(|p| 1usize << p).find(|&w| w <= want).unwrap_or(1)
     });
-    let double = match family {
-        "qgemv" => tune.tc_double_gemv,
-        "qglu" => tune.tc_double_glu,
-        _ => None,
-    };
-    // `_db80` is bounded for 256-thread blocks.
-    let warps = if double == Some("_db80") { warps.min(8) } else { warps };
     Some(GemvLaunch {
         name: intern(format!(
             "tc_{family}_{}_4{}",
             if x == DType::F16 { "f16" } else { "bf16" },
-            match (family, double) {
-                (_, Some(suffix)) => suffix,
+            match family {
                 // Bounded at 64 registers where blocks are large (two 512-thread blocks an SM
                 // rather than one); smaller blocks measured 1-3% faster unbounded (gemma3-1b,
                 // qwen3-30b-a3b's attention products).
-                ("qgemv", None) => tune.tc_gemv_regs.unwrap_or(if warps >= 8 { "" } else { "_r0" }),
+                "qgemv" => tune.tc_gemv_regs.unwrap_or(if warps >= 8 { "" } else { "_r0" }),
                 _ => "",
             }
         )),
@@ -307,47 +299,6 @@ fn tc_group(gpu: &Gpu, mats: &mut [[u64; 3]], group: usize) -> i32 {
     code
 }
 
-/// The stream-K form (gemv.cu `tc_stream`: the grid's warps split all tiles' chunks evenly, the
-/// last warp to finish a shared tile writing it) of tensor-core launch `l` over `n` rows of
-/// `k`, where `MLXCEL_TC_SK=1` (or `=2`: with two chunks in flight a warp) asks for it and it
-/// applies: row-major weights (`group` without the packed flag), 16-bit scales, k a multiple of
-/// 256, n of 16, at most 2^16 tiles, and at groups of 32 scale and bias arrays on 4 bytes (read
-/// in pairs). Its grid keeps at least one chunk a warp; [`Gpu::stream_k_args`] follow its
-/// arguments. Else `l`.
-fn tc_stream_k(
-    l: GemvLaunch,
-    n: usize,
-    k: usize,
-    group: i32,
-    scales: mlxcel_core::DType,
-    mats: &[[u64; 3]],
-) -> GemvLaunch {
-    static SK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let suffix = match *SK.get_or_init(|| env_usize("MLXCEL_TC_SK").unwrap_or(0)) {
-        1 => "_sk",
-        2 => "_skdb",
-        _ => return l,
-    };
-    let aligned = group != 32 || mats.iter().all(|m| (m[1] | m[2]) % 4 == 0);
-    if !(l.name.starts_with("tc_qgemv_") || l.name.starts_with("tc_qglu_"))
-        || !(32..=128).contains(&group)
-        || scales.size() != 2
-        || !k.is_multiple_of(256)
-        || !n.is_multiple_of(16)
-        || n / 16 > 1 << 16
-        || !aligned
-    {
-        return l;
-    }
-    let Some(end) = l.name.rfind("_4") else { return l };
-    let warps = l.block as usize / 32;
-    GemvLaunch {
-        name: intern(format!("{}{suffix}", &l.name[..end + 2])),
-        grid: ((n / 16) * (k / 256) / warps).max(1) as u32,
-        ..l
-    }
-}
-
 /// Most dynamic shared memory a ring GEMV block asks for (of the 227 KiB Hopper allows).
 const MAX_RING_BYTES: usize = 200 << 10;
 
@@ -388,12 +339,6 @@ struct GemvTuning {
     /// 64, `MLXCEL_TC_GEMV_REGS=64`) or "_r0" (what ptxas takes, `MLXCEL_TC_GEMV_REGS=0`);
     /// by block size otherwise.
     tc_gemv_regs: Option<&'static str>,
-    /// Kernel-name suffix of the double-buffered loop (two chunks of weights in flight a warp,
-    /// gemv.cu tc_qdot's DB) for products ("_db80": bounded at 80 registers, "_db": unbounded)
-    /// and for GLUs ("_db"), where asked for: `MLXCEL_TC_DB=1` both (products bounded), `=2`
-    /// both unbounded; `MLXCEL_TC_DB_GEMV=0|80|1` and `MLXCEL_TC_DB_GLU=0|1` each alone.
-    tc_double_gemv: Option<&'static str>,
-    tc_double_glu: Option<&'static str>,
 }
 
 /// `MLXCEL_GEMV_SMEM=1` (x staged in shared memory as f32 with its 16-value sums, made once per
@@ -412,15 +357,6 @@ fn gemv_tuning() -> &'static GemvTuning {
         tc_gemv_regs: match env_usize("MLXCEL_TC_GEMV_REGS") {
             Some(0) => Some("_r0"),
             Some(64) => Some(""),
-            _ => None,
-        },
-        tc_double_gemv: match env_usize("MLXCEL_TC_DB_GEMV").or(env_usize("MLXCEL_TC_DB")) {
-            Some(1 | 80) => Some("_db80"),
-            Some(2) => Some("_db"),
-            _ => None,
-        },
-        tc_double_glu: match env_usize("MLXCEL_TC_DB_GLU").or(env_usize("MLXCEL_TC_DB")) {
-            Some(1 | 2) => Some("_db"),
             _ => None,
         },
     })
@@ -717,10 +653,6 @@ pub fn node(
                     tc_group(gpu, &mut mats, *group_size)
                 } else {
                     *group_size as i32
-                };
-                let l = match stages {
-                    None => tc_stream_k(l, nn, k, group, input(2).dtype, &mats),
-                    Some(_) => l,
                 };
                 let [w, sc, bi] = mats[0];
                 let mut args = vec![
@@ -1264,10 +1196,6 @@ pub(crate) fn fused(
                     } else {
                         group_size as i32
                     };
-                    let l = match stages {
-                        None if on_tensor_cores => tc_stream_k(l, n, k, group, graph.node(ng.inputs[2]).dtype, &mats),
-                        _ => l,
-                    };
                     let mut args = vec![Ptr(at(x.index())), I32(rows as i32)];
                     for m in mats {
                         args.extend(m.map(Ptr));
@@ -1613,8 +1541,7 @@ pub(crate) fn fused(
                     args.extend(bias_args);
                     args.extend(stages.map(I32));
                     let l = GemvLaunch {
-                        // q/k/v has no bounded double-buffered variant (it spills at 80).
-                        name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1).replace("_db80", "_db")),
+                        name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_", 1)),
                         ..l
                     };
                     gpu.launch_gemv(&l, &args)
