@@ -10,7 +10,7 @@ rlog "== steps kernel by kernel at a 512-token context [t=$((SECONDS - t0))]"
 P=512 rrun ncu_step llama8b llama-3.1-8b-4bit
 P=512 rrun ncu_step moe qwen3-30b-a3b-4bit
 rlog "== GLU stalls, default and double-buffered [t=$((SECONDS - t0))]"
-rrun ncu_stalls tc_qglu_f16_4
-MLXCEL_TC_DB=2 rrun ncu_stalls tc_qglu_f16_4_db
+MLXCEL_TC_DB_GLU=0 rrun ncu_stalls tc_qglu_f16_4
+MLXCEL_TC_DB_GLU=1 rrun ncu_stalls tc_qglu_f16_4_db
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt

@@ -181,6 +181,20 @@ fn double_buffered_on() -> Option<bool> {
     *ON.get_or_init(|| launch::env_usize("MLXCEL_TC_DB_GLU").map(|v| v != 0))
 }
 
+/// The double-buffered form of batch-1 tensor-core GLU `name` (`_db`: gemv.cu tc_qdot's DB,
+/// which requests a warp's next chunk of weights before the products of this one), if it has
+/// one. It holds about 156 registers a thread against 95, so fewer blocks fit an SM, and
+/// [`Gpu::launch_gemv`] takes it where that costs no extra round of tiles on the resident
+/// blocks. Measured (H100, session 20): qwen3-8b +4.6% (768 tiles, two rounds either way);
+/// llama-3.1-8b -0.3% (896 tiles: three rounds against two), where the rule keeps the plain one.
+fn double_buffered(name: &str) -> Option<&'static str> {
+    match name {
+        "tc_qglu_f16_4" => Some("tc_qglu_f16_4_db"),
+        "tc_qglu_bf16_4" => Some("tc_qglu_bf16_4_db"),
+        _ => None,
+    }
+}
+
 impl Gpu {
     pub fn open() -> Result<Arc<Gpu>> {
         // SAFETY: only probes whether the driver library loads (cudarc would panic on first use).
@@ -860,7 +874,7 @@ impl Gpu {
                 Ok((per_sm * self.sms).max(1))
             };
             let mut held = resident(name)?;
-            if let Some(double) = self.double_buffered(name) {
+            if let Some(double) = double_buffered(name) {
                 let rounds = |held: u32| grid.div_ceil(held);
                 let held_db = resident(double)?;
                 if double_buffered_on().unwrap_or(rounds(held_db) <= rounds(held)) {
@@ -876,21 +890,6 @@ impl Gpu {
             return self.launch_programmatic(name, grid, l.block, l.smem, args);
         }
         self.launch(name, grid, l.block, l.smem, args)
-    }
-
-    /// The double-buffered form of batch-1 tensor-core GLU `name` (`_db`: gemv.cu tc_qdot's
-    /// DB, which requests a warp's next chunk of weights before the products of this one), if
-    /// it has one. It holds about 156 registers a thread against 95, so fewer blocks fit an SM,
-    /// and [`Gpu::launch_gemv`] takes it where that costs no extra round of tiles on the
-    /// resident blocks. Measured (H100, session 20): qwen3-8b +4.6% (768 tiles, two rounds
-    /// either way); llama-3.1-8b -0.3% (896 tiles: three rounds against two), where the rule
-    /// keeps the plain one.
-    fn double_buffered(&self, name: &str) -> Option<&'static str> {
-        match name {
-            "tc_qglu_f16_4" => Some("tc_qglu_f16_4_db"),
-            "tc_qglu_bf16_4" => Some("tc_qglu_bf16_4_db"),
-            _ => None,
-        }
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
