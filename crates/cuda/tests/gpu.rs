@@ -446,11 +446,8 @@ fn decode_attention_takes_its_rope_and_cache_writes() {
 fn fused_decode_patterns_match_the_cpu_backend() {
     use mlxcel_core::testing::{OpCase, Tolerance};
     use mlxcel_core::{DType, GraphBuilder, HostTensor};
-    let cuda = match CudaBackend::new() {
-        Ok(b) => b,
-        Err(e) if !required("MLXCEL_REQUIRE_CUDA") => return eprintln!("skipping CUDA fusion cases: {e}"),
-        Err(e) => panic!("{e}"),
-    };
+    // The cases (and their launch counts, which need no device) are built either way.
+    let cuda = CudaBackend::new();
     let (k, n) = (256, 96);
     const GEMV_MAX: usize = 8; // rows a decode GEMV takes (launch.rs GEMV_ROWS)
     let mut cases = Vec::new();
@@ -689,6 +686,45 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
         });
     }
+    // Routed experts' down product with the combine after it (their outputs times the router
+    // weights, summed) as one launch: two tokens, top 3 of 5 experts (one chosen twice by the
+    // second token), 4-bit group 64, k past one chunk, an output width past one 16-row tile
+    // short of the next; and a token whose top 8 (qwen3-moe's) use every expert.
+    for (act, tokens, top, e, (n, k)) in [
+        (DType::F16, 2usize, 3usize, 5usize, (56usize, 512usize)),
+        (DType::BF16, 2, 3, 5, (56, 512)),
+        (DType::F16, 1, 8, 8, (64, 768)),
+    ] {
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", act, &[tokens, top, k]);
+        let ids = b.input("ids", DType::U32, &[tokens, top]);
+        let rw = b.input("w", act, &[tokens, top]);
+        let w = noise(44, e * n * k);
+        let q = mlxcel_core::quant::quantize(&w, e * n, k, 4, 64);
+        let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
+        let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
+        let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
+        let y = b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap();
+        let w1 = b.reshape(rw, &[tokens, top, 1]).unwrap();
+        let y = b.mul(y, w1).unwrap();
+        let y = b.sum(y, -2, false).unwrap();
+        let graph = one_launch(&b.finish(&[y]), "the routed down product and combine");
+        let chosen: Vec<u32> = match (tokens, top) {
+            (2, 3) => vec![4, 0, 2, 1, 3, 1],
+            _ => (0..top as u32).rev().collect(),
+        };
+        cases.push(OpCase {
+            name: format!("fused routed down+combine {act} tokens {tokens} top {top} n {n} k {k}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[tokens, top, k], &noise(45, tokens * top * k)).unwrap(),
+                HostTensor::from_slice(&[tokens, top], &chosen).unwrap(),
+                HostTensor::from_f32(act, &[tokens, top], &noise(46, tokens * top)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
+        });
+    }
     // A MoE router (softmax over 128 experts, top 8 with ties to the higher index, the chosen
     // renormalized) as one launch; logits of five values, so probabilities tie often.
     for act in [DType::F16, DType::BF16] {
@@ -708,6 +744,99 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             inputs: vec![HostTensor::from_f32(act, &[2, 1, e], &values).unwrap()],
             states: vec![],
             tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
+        });
+    }
+    // The router with its product (8-bit, and 4-bit) and the add + RMSNorm in front of it (or x
+    // given) as one launch, the normalized x and the residual sum outputs too. The values are
+    // chosen so every step is exact in f32 on both backends (x ±w for sums of ±0.5, dyadic
+    // weights and levels), so the logits are one value each and ties among them are real ties:
+    // the ids must agree exactly.
+    for (act, bits, group, (e, top), k, normed, renorm, high) in [
+        (
+            DType::F16,
+            8u32,
+            64usize,
+            (128usize, 8usize),
+            1024usize,
+            true,
+            true,
+            true,
+        ),
+        (DType::BF16, 8, 64, (128, 8), 1024, true, true, true),
+        (DType::F16, 4, 32, (60, 4), 512, false, false, false),
+        (DType::BF16, 8, 128, (20, 20), 256, true, false, true),
+    ] {
+        let mut b = GraphBuilder::default();
+        let mut rng = mlxcel_core::rng::SplitMix64(70 + bits as u64 + k as u64);
+        // Sixty-four nonzero norm weights (or x values), multiples of 1/8 in [-1, 1].
+        let sparse: Vec<f32> = (0..k)
+            .map(|j| {
+                if j % (k / 64) == 3 {
+                    (rng.next_u64() % 17) as f32 / 8.0 - 1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let (x, mut outs, inputs) = if normed {
+            let h: Vec<f32> = (0..k).map(|_| (rng.next_u64() % 129) as f32 / 64.0 - 1.0).collect();
+            let d: Vec<f32> = h
+                .iter()
+                .enumerate()
+                .map(|(j, v)| if j % 3 == 0 { -0.5 - v } else { 0.5 - v })
+                .collect();
+            let hn = b.input("h", act, &[1, 1, k]);
+            let dn = b.input("d", act, &[1, 1, k]);
+            let nw = b.parameter("norm", HostTensor::from_f32(act, &[k], &sparse).unwrap());
+            let sum = b.add(hn, dn).unwrap();
+            let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
+            let inputs = vec![
+                HostTensor::from_f32(act, &[1, 1, k], &h).unwrap(),
+                HostTensor::from_f32(act, &[1, 1, k], &d).unwrap(),
+            ];
+            (x, vec![x, sum], inputs)
+        } else {
+            let x = b.input("x", act, &[1, 1, k]);
+            (x, vec![], vec![HostTensor::from_f32(act, &[1, 1, k], &sparse).unwrap()])
+        };
+        // Levels at random, scale 4/2^bits and bias -2: dequantized weights multiples of 1/64.
+        let per = 32 / bits as usize;
+        let mut packed = vec![0u32; e * k / per];
+        for j in 0..e * k {
+            let level = (rng.next_u64() % (1 << bits)) as u32;
+            packed[j / per] |= level << ((j % per) as u32 * bits);
+        }
+        let groups = e * k / group;
+        let q = b.parameter("q", HostTensor::from_slice(&[e, k / per], &packed).unwrap());
+        let scale = 4.0 / (1u32 << bits) as f32;
+        let sc = b.parameter(
+            "s",
+            HostTensor::from_f32(act, &[e, k / group], &vec![scale; groups]).unwrap(),
+        );
+        let bi = b.parameter(
+            "z",
+            HostTensor::from_f32(act, &[e, k / group], &vec![-2.0; groups]).unwrap(),
+        );
+        let logits = b.quantized_matmul(x, q, sc, bi, bits, group).unwrap();
+        let probs = b.softmax(logits, -1).unwrap();
+        let ids = b.topk_ties(probs, top, high).unwrap();
+        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
+        if renorm {
+            let total = b.sum(w, -1, true).unwrap();
+            w = b.div(w, total).unwrap();
+        }
+        outs.splice(0..0, [ids, w]);
+        let graph = one_launch(&b.finish(&outs), "the router with its product");
+        let mut tolerance = vec![Tolerance::for_dtype(DType::U32)];
+        tolerance.extend(vec![Tolerance::for_dtype(act); outs.len() - 1]);
+        cases.push(OpCase {
+            name: format!(
+                "fused moe router+product {act} bits {bits} group {group} experts {e} top {top} normed {normed}"
+            ),
+            graph,
+            inputs,
+            states: vec![],
+            tolerance,
         });
     }
     // MoE's combine: k experts' outputs times their weights, summed (one launch), for decode
@@ -960,6 +1089,11 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             ],
         });
     }
+    let cuda = match cuda {
+        Ok(b) => b,
+        Err(e) if !required("MLXCEL_REQUIRE_CUDA") => return eprintln!("skipping CUDA fusion cases: {e}"),
+        Err(e) => panic!("{e}"),
+    };
     let failures = check_cases(&cuda, &cases, |c| run_case(&CpuBackend, c));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
