@@ -132,11 +132,6 @@ __device__ __forceinline__ float bits_float(unsigned r, int dt) {
   return dt == 0 ? __uint_as_float(r) : dt == 1 ? h : __uint_as_float(r << 16);
 }
 __device__ __forceinline__ float ldf(const void* p, int dt, i64 i) { return bits_float(ld_bits(p, dt, i), dt); }
-// ldf past L1: for values other blocks of the same launch wrote (after a ticket said so).
-__device__ __forceinline__ float ldf_cg(const void* p, int dt, i64 i) {
-  const unsigned r = dt == 0 ? __ldcg((const unsigned*)p + i) : __ldcg((const unsigned short*)p + i);
-  return bits_float(r, dt);
-}
 __device__ __forceinline__ void stf(void* p, int dt, i64 i, float v) {
   if (dt == 0) ((float*)p)[i] = v;
   else if (dt == 1) F16::st((unsigned short*)p, i, v);

@@ -1481,56 +1481,6 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
 TC_GATHER(f16, F16)
 TC_GATHER(bf16, BF16)
 
-// tc_gather_qgemv with MoE's combine after it (a decode step's routed down product and the sum
-// of its experts' outputs times their router weights) in one launch: each block stores its
-// pair's tile of y as tc_gather_qgemv does, then counts itself done in tickets[token, tile]
-// (left at zero by the last); the last of a token's `top` blocks of a tile sums the top
-// experts' rows of the tile, each y · cw rounded to dt, as weighted_sum adds them (a warp a
-// row, lane j expert j, top <= 32), into out [tokens, n].
-template <class X>
-__device__ __forceinline__ void tc_gather_qgemv_combine(const void* x, i64 x_rows, const unsigned* w, const void* s,
-                                                        const void* z, int sdt, const void* ids, int id_kind,
-                                                        void* y, int dt, i64 top, i64 experts, i64 n, i64 k,
-                                                        int group, int* error, int tag, const void* cw, void* out,
-                                                        int* tickets) {
-  float o[1];
-  const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
-  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, ids, id_kind, top, experts, n, k, group, error, tag, o) &&
-      threadIdx.x < 16 && row < n)
-    stf(y, dt, blockIdx.y * n + row, o[0]);
-  const i64 tok = blockIdx.y / top;
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* t = tickets + tok * gridDim.x + blockIdx.x;
-    last = atomicAdd(t, 1) == (int)top - 1;
-    if (last) *t = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int c = warp; c < 16; c += warps) {
-    const i64 r = (i64)blockIdx.x * 16 + c;
-    if (r >= n) break;
-    const i64 pr = tok * top + lane;
-    const float v = lane < top ? round_to(ldf_cg(y, dt, pr * n + r) * ldf(cw, dt, pr), dt) : 0.0f;
-    const float sum = warp_sum(v);
-    if (lane == 0) stf(out, dt, tok * n + r, sum);
-  }
-}
-#define TC_GATHER_COMBINE(XN, X)                                                                                      \
-  extern "C" __global__ void tc_gather_qgemv_##XN##_4_combine(                                                        \
-      const void* x, int, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,      \
-      int id_kind, void* y, int ydt, i64, i64 top, i64 experts, i64 n, i64 k, int, int group, int* error, int tag,    \
-      const void* cw, void* out, int* tickets) {                                                                      \
-    tc_gather_qgemv_combine<X>(x, x_rows, w, s, z, sdt, ids, id_kind, y, ydt, top, experts, n, k, group, error, tag, \
-                               cw, out, tickets);                                                                     \
-  }
-TC_GATHER_COMBINE(f16, F16)
-TC_GATHER_COMBINE(bf16, BF16)
-
 // The routed experts' gate and up with the activation and product (a MoE's gated MLP at decode)
 // in one launch: gather_qgemv's grid; y [pairs, n] = act(x·Gₑᵀ) · (x·Uₑᵀ) as tc_qglu stores it.
 #define TC_GATHER_GLU(XN, X)                                                                                          \

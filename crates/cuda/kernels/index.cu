@@ -193,20 +193,27 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
   if (threadIdx.x == 0) y[row] = (unsigned)(bi[0] >= vocab ? 0 : bi[0]);
 }
 
-// A MoE router after its product, for one row whose logits a warp holds (element lane + 32 t in
-// v[t], -inf past e): softmax over the e experts, the top k (descending, ties by tie_key), their
-// probabilities, and with `renorm` those divided by their sum; e <= 256 and k <= 32. Every
-// intermediate is rounded to dt as the plain graph (softmax, topk, take_along, sum, div) stores
-// it, and both sums add in the order the plain 256-thread kernels do (block_sum: each warp's
-// butterfly, lane 0's result, then a butterfly over the 8 warps' sums), so the ids and weights
-// equal the unfused graph's. `keyed`: the branch-free selection (warp_select_key; the default,
-// MLXCEL_ROUTE_KEYED=0 for the comparison-based one).
-__device__ __forceinline__ void route_row(float* v, i64 row, i64 e, i64 k, int high, int renorm, int dt,
-                                          unsigned* ids, void* weights, int keyed) {
+// A MoE router after its product as one launch: softmax over the E experts of each row, the top
+// k (descending, ties by tie_key), their probabilities, and with `renorm` those divided by their
+// sum. A warp a row, E <= 256 (8 values a lane) and k <= 32. Every intermediate is rounded to dt
+// as the plain graph (softmax, topk, take_along, sum, div) stores it, and both sums add in the
+// order the plain 256-thread kernels do (block_sum: each warp's butterfly, lane 0's result, then
+// a butterfly over the 8 warps' sums), so the ids and weights equal the unfused graph's.
+// `keyed`: the branch-free selection (warp_select_key; the default, MLXCEL_ROUTE_KEYED=0 for the
+// comparison-based one).
+extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
+                                     unsigned* ids, void* weights, int keyed) {
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float v[8];
   float m = -INFINITY;
 #pragma unroll
-  for (int t = 0; t < 8; t++) m = fmaxf(m, v[t]);
+  for (int t = 0; t < 8; t++) {
+    const i64 i = lane + 32 * t;
+    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
+    m = fmaxf(m, v[t]);
+  }
   m = warp_max(m);
   // Element 32t + lane is thread 32t + lane's one value in the plain softmax: warp t's sum.
   float part[8];
@@ -235,71 +242,3 @@ __device__ __forceinline__ void route_row(float* v, i64 row, i64 e, i64 k, int h
   const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);
   if (renorm && lane < k) stf(weights, dt, row * k + lane, chosen / total);
 }
-
-// The router after its product as one launch (route_row): a warp a row.
-extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
-                                     unsigned* ids, void* weights, int keyed) {
-  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  float v[8];
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    const i64 i = lane + 32 * t;
-    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
-  }
-  route_row(v, row, e, k, high, renorm, dt, ids, weights, keyed);
-}
-
-// The router with its product and the add + RMSNorm in front of it, as one launch, for one row
-// (a decode step's): x [kd] (or, with nin.a, x = rms_norm(a + b) made from the NormIn as the
-// normed GEMVs make it, block 0 writing the sum to nin.s and the normalized row to xout, both
-// rounded to x's dtype as the plain graph stores them, for the experts that read it next); a
-// warp a logit, x · dequant(w)ᵀ as qgemv computes it staged, stored rounded to dt in `logits`;
-// then the last block to count itself done in `ticket` (which it leaves at zero) routes the row
-// as moe_route does. Three launches of a few microseconds each were one chain of latencies: the
-// norm and the router's 32-block product kept the GPU nearly idle, and the route was one warp.
-template <class X, int BITS>
-__device__ __forceinline__ void moe_router(const void* x, const NormIn& nin, void* xout, const unsigned* w,
-                                           const void* s, const void* z, int sdt, int group, void* logits, int dt,
-                                           i64 e, i64 kd, i64 top, int high, int renorm, unsigned* ids,
-                                           void* weights, int* ticket, int keyed) {
-  const float* xf = stage_xf_in<X>(x, nin, 1, kd);
-  if (nin.a && blockIdx.x == 0)
-    for (i64 i = threadIdx.x; i < kd; i += blockDim.x) X::st((typename X::T*)xout, i, xf[i]);
-  const i64 col = first_col(1);
-  if (col < e) {
-    float acc = 0.0f;
-    qdot<F32, BITS, 1, 1>(xf, 1, kd, w, s, z, sdt, col, e, group, &acc, xf + kd);
-    const float l = warp_sum(acc);
-    if ((threadIdx.x & 31) == 0) stf(logits, dt, col, l);
-  }
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-    if (last) *ticket = 0;
-  }
-  __syncthreads();
-  if (!last || threadIdx.x >= 32) return;
-  __threadfence();
-  float v[8];
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    const i64 i = (threadIdx.x & 31) + 32 * t;
-    v[t] = i < e ? ldf_cg(logits, dt, i) : -INFINITY;  // past L1: the other blocks' logits
-  }
-  route_row(v, 0, e, top, high, renorm, dt, ids, weights, keyed);
-}
-#define MOE_ROUTER(XN, X, BITS)                                                                                       \
-  extern "C" __global__ void moe_router_##XN##_##BITS(                                                                \
-      const void* x, NORM_IN_PARAMS, void* xout, const unsigned* w, const void* s, const void* z, int sdt, int group, \
-      void* logits, int dt, i64 e, i64 k, i64 top, int high, int renorm, unsigned* ids, void* weights, int* ticket,  \
-      int keyed) {                                                                                                    \
-    moe_router<X, BITS>(x, NORM_IN, xout, w, s, z, sdt, group, logits, dt, e, k, top, high, renorm, ids, weights,      \
-                        ticket, keyed);                                                                               \
-  }
-MOE_ROUTER(f32, F32, 4) MOE_ROUTER(f32, F32, 8) MOE_ROUTER(f16, F16, 4) MOE_ROUTER(f16, F16, 8)
-MOE_ROUTER(bf16, BF16, 4) MOE_ROUTER(bf16, BF16, 8)
-#undef MOE_ROUTER

@@ -82,27 +82,11 @@ pub enum Fused {
     HeadsLastAttention { attn: usize },
     /// Anchor = the router's weights: the take_along of `softmax`'s probabilities at `topk`'s
     /// ids, or (`renorm`) those divided by their sum; softmax, top-k, gather and sum in the
-    /// anchor's launch, which writes the ids too. `product`: the one-row quantized product
-    /// making the logits, computed by the launch too (which writes the logits to the product's
-    /// buffer and routes in its last block); `norm`: the add + RMSNorm making the product's x,
-    /// which the launch computes and writes (the experts read it next).
-    Router {
-        softmax: usize,
-        topk: usize,
-        renorm: bool,
-        product: Option<usize>,
-        norm: Option<NormIn>,
-    },
+    /// anchor's launch, which writes the ids too.
+    Router { softmax: usize, topk: usize, renorm: bool },
     /// Anchor = a sum over the middle axis of `mul` = y [.., k, d] · broadcast(w [.., k, 1])
-    /// (MoE's combine of its experts' outputs with the router weights): one launch. `product`:
-    /// y is a decode step's routed product on the tensor-core gathered GEMV, which the launch
-    /// computes first (writing y, then combining each tile in its last block).
-    WeightedSum {
-        mul: usize,
-        y: NodeId,
-        w: NodeId,
-        product: bool,
-    },
+    /// (MoE's combine of its experts' outputs with the router weights): one launch.
+    WeightedSum { mul: usize, y: NodeId, w: NodeId },
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
@@ -291,25 +275,8 @@ impl Fusion {
                 // The weights and biases are parameters.
                 Some(Fused::Products { parts, norm, .. }) => (vec![graph.nodes[parts[0]].inputs[0]], norm),
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
-                // With its product: the logits' buffer (written, then read by the last block)
-                // and the product's inputs, its x written with a norm.
-                Some(Fused::Router {
-                    softmax, product, norm, ..
-                }) => {
-                    let mut reads = graph.nodes[*softmax].inputs.clone();
-                    if let Some(p) = product {
-                        reads.extend(graph.nodes[*p].inputs.iter().copied());
-                    }
-                    (reads, norm)
-                }
-                // With the product, its inputs too (y's buffer is written, then read).
-                Some(Fused::WeightedSum { y, w, product, .. }) => {
-                    let mut reads = vec![*y, *w];
-                    if *product {
-                        reads.extend(graph.node(*y).inputs.iter().copied());
-                    }
-                    (reads, &None)
-                }
+                Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
+                Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
                 Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
                 Some(Fused::RopeQkvWrite {
@@ -595,95 +562,17 @@ fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         for j in [Some(sm), Some(t), Some(g), sum, spread].into_iter().flatten() {
             f.absorbed[j] = j != anchor;
         }
-        let (product, norm) = router_product(graph, consumers, f, sm, anchor).unzip();
-        let norm = norm.flatten();
-        if let Some(p) = product {
-            f.absorbed[p] = true;
-        }
-        if let Some(n) = norm {
-            f.anchored[n.norm] = None;
-            f.absorbed[n.norm] = true;
-        }
         f.anchored[anchor] = Some(Fused::Router {
             softmax: sm,
             topk: t,
             renorm: renorm.is_some(),
-            product,
-            norm,
         });
     }
 }
 
-/// The one-row product making router `softmax`'s logits (read by nothing else), which the
-/// router's launch (anchored at `anchor`) computes too: 4- or 8-bit weights held as parameters,
-/// groups the CUDA-core GEMV takes, x staged; with the fused add + RMSNorm making that x, where
-/// nothing reads the norm or the sum before the anchor but the product and the norm (the
-/// launch writes both). `MLXCEL_CUDA_FUSE_ROUTER_PRODUCT=0` leaves the product (and the norm)
-/// as their own launches.
-fn router_product(
-    graph: &Graph,
-    consumers: &[Vec<usize>],
-    f: &Fusion,
-    sm: usize,
-    anchor: usize,
-) -> Option<(usize, Option<NormIn>)> {
-    if std::env::var("MLXCEL_CUDA_FUSE_ROUTER_PRODUCT").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let p = graph.nodes[sm].inputs[0].index();
-    let node = &graph.nodes[p];
-    let Op::QuantizedMatMul { bits, group_size } = node.op else {
-        return None;
-    };
-    let x = graph.node(node.inputs[0]);
-    let k = *x.shape.last()?;
-    let one_row = x.shape.iter().product::<usize>() == k;
-    let resident = node.inputs[1..]
-        .iter()
-        .all(|&w| matches!(graph.node(w).op, Op::Parameter { .. }));
-    let ok = matches!(bits, 4 | 8)
-        && group_size % 32 == 0
-        && k.is_multiple_of(group_size)
-        && one_row
-        && resident
-        && x.dtype.is_float()
-        && node.dtype == graph.nodes[sm].dtype
-        && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
-        && super::launch::dense_staging(k).is_some()
-        && consumers[p] == [sm]
-        && !f.absorbed[p]
-        && f.anchored[p].is_none();
-    if !ok {
-        return None;
-    }
-    let r = node.inputs[0].index();
-    let norm = match f.anchored[r] {
-        Some(Fused::AddRmsNorm { add }) => {
-            let (n, sum) = (&graph.nodes[r], &graph.nodes[add]);
-            let same = sum
-                .inputs
-                .iter()
-                .all(|&v| graph.node(v).dtype == n.dtype && graph.node(v).shape == n.shape)
-                && sum.dtype == n.dtype
-                && sum.shape == n.shape;
-            let unread = consumers[r].iter().all(|&c| c == p || c > anchor)
-                && consumers[add].iter().all(|&c| c == r || c > anchor);
-            (same && unread).then_some(NormIn {
-                norm: r,
-                add,
-                pre: None,
-            })
-        }
-        _ => None,
-    };
-    Some((p, norm))
-}
-
 /// Finds `sum(y · broadcast(w), axis -2)` with y [.., k, d], w [.., k, 1], k <= 32, one float
-/// dtype, the product and the broadcast read by nothing else; with the routed product making y
-/// where the tensor-core gathered GEMV takes it.
+/// dtype, the product and the broadcast read by nothing else.
 fn find_weighted_sums(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
-    let combined = !std::env::var("MLXCEL_CUDA_FUSE_COMBINE").is_ok_and(|v| v == "0");
     for s in 0..graph.nodes.len() {
         let node = &graph.nodes[s];
         let Op::Reduce {
@@ -729,20 +618,7 @@ fn find_weighted_sums(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         }
         f.absorbed[m] = true;
         f.absorbed[bcast.index()] = true;
-        // The routed product making y, read by nothing else (`MLXCEL_CUDA_FUSE_COMBINE=0`: its
-        // own launch).
-        let product = combined
-            && consumers[y.index()] == [m]
-            && !f.absorbed[y.index()]
-            && f.anchored[y.index()].is_none()
-            && super::launch::tc_gather_launch(graph, y.index()).is_some()
-            && graph.node(y).inputs[1..4]
-                .iter()
-                .all(|&p| matches!(graph.node(p).op, Op::Parameter { .. }));
-        if product {
-            f.absorbed[y.index()] = true;
-        }
-        f.anchored[s] = Some(Fused::WeightedSum { mul: m, y, w, product });
+        f.anchored[s] = Some(Fused::WeightedSum { mul: m, y, w });
     }
 }
 
@@ -1673,100 +1549,6 @@ mod tests {
             assert!(inner.iter().all(|&j| f.absorbed[j]), "renorm {renorm}");
             assert_eq!(super::super::launches_per_run(&graph), 1, "renorm {renorm}");
         }
-    }
-
-    /// A decode step's sparse block as the models build it: the residual add + RMSNorm, an 8-bit
-    /// router over 8 experts (top 2, renormalized), the routed GLU and down products, the
-    /// combine; `extra`: the norm's output also read (by a SiLU added to the output) between the
-    /// router's product and its softmax.
-    fn sparse_block(extra: bool) -> (Graph, [usize; 4]) {
-        let (d, e, ff) = (256, 8, 64);
-        let mut b = GraphBuilder::default();
-        let h = b.input("h", DType::F16, &[1, 1, d]);
-        let a = b.input("a", DType::F16, &[1, 1, d]);
-        let sum = b.add(h, a).unwrap();
-        let nw = b.parameter("norm", HostTensor::from_f32(DType::F16, &[d], &vec![1.0; d]).unwrap());
-        let x = b.rms_norm(sum, nw, 1e-6, false).unwrap();
-        let q = b.parameter(
-            "rq",
-            HostTensor::from_slice(&[e, d / 4], &vec![0u32; e * d / 4]).unwrap(),
-        );
-        let scales = |b: &mut GraphBuilder, v: f32| {
-            b.parameter(
-                "rs",
-                HostTensor::from_f32(DType::F16, &[e, d / 64], &vec![v; e * d / 64]).unwrap(),
-            )
-        };
-        let (rs, rz) = (scales(&mut b, 1.0), scales(&mut b, 0.0));
-        let logits = b.quantized_matmul(x, q, rs, rz, 8, 64).unwrap();
-        let side = extra.then(|| b.silu(x).unwrap());
-        let probs = b.softmax(logits, -1).unwrap();
-        let ids = b.topk_ties(probs, 2, true).unwrap();
-        let w = b.take_along_axis(probs, ids, -1).unwrap();
-        let total = b.sum(w, -1, true).unwrap();
-        let w = b.div(w, total).unwrap();
-        let xe = b.reshape(x, &[1, 1, 1, d]).unwrap();
-        let (gq, gs, gz) = zero_weights(&mut b, &[e, ff], d);
-        let g = b.gather_qmm(xe, gq, gs, gz, ids, 4, 64).unwrap();
-        let g = b.silu(g).unwrap();
-        let (uq, us, uz) = zero_weights(&mut b, &[e, ff], d);
-        let u = b.gather_qmm(xe, uq, us, uz, ids, 4, 64).unwrap();
-        let hidden = b.mul(g, u).unwrap();
-        let (dq, ds, dz) = zero_weights(&mut b, &[e, d], ff);
-        let y = b.gather_qmm(hidden, dq, ds, dz, ids, 4, 64).unwrap();
-        let w1 = b.reshape(w, &[1, 1, 2, 1]).unwrap();
-        let y = b.mul(y, w1).unwrap();
-        let y = b.sum(y, -2, false).unwrap();
-        let mut out = b.add(sum, y).unwrap();
-        if let Some(side) = side {
-            out = b.add(out, side).unwrap();
-        }
-        let graph = b.finish(&[out]);
-        (graph, [sum.index(), x.index(), logits.index(), w.index()])
-    }
-
-    #[test]
-    fn a_routers_product_and_norm_join_its_launch() {
-        let (graph, [sum, x, logits, w]) = sparse_block(false);
-        let f = Fusion::find(&graph);
-        let Some(Fused::Router { product, norm, .. }) = &f.anchored[w] else {
-            panic!("no router at the weights: {:?}", f.anchored[w]);
-        };
-        assert_eq!(*product, Some(logits));
-        assert_eq!(
-            *norm,
-            Some(NormIn {
-                norm: x,
-                add: sum,
-                pre: None
-            })
-        );
-        assert!(f.absorbed[x] && f.absorbed[sum] && f.absorbed[logits]);
-        // Router, routed GLU, routed down with the combine, and the residual add.
-        let combine = graph.outputs[0].index() - 1;
-        assert!(matches!(
-            f.anchored[combine],
-            Some(Fused::WeightedSum { product: true, .. })
-        ));
-        assert_eq!(super::super::launches_per_run(&graph), 4);
-        // The launch writes x and the sum, and the last block reads the logits: all three stay
-        // alive until the anchor.
-        let planned = f.planning_graph(&graph);
-        for v in [sum, x, logits] {
-            assert!(planned.nodes[w].inputs.contains(&NodeId(v as u32)), "node {v}");
-        }
-    }
-
-    #[test]
-    fn a_router_product_whose_x_is_read_early_keeps_its_norm_apart() {
-        let (graph, [_, x, logits, w]) = sparse_block(true);
-        let f = Fusion::find(&graph);
-        // x must be written before the router's launch: the norm is its own launch.
-        let Some(Fused::Router { product, norm, .. }) = &f.anchored[w] else {
-            panic!("no router at the weights: {:?}", f.anchored[w]);
-        };
-        assert_eq!((*product, *norm), (Some(logits), None));
-        assert!(matches!(f.anchored[x], Some(Fused::AddRmsNorm { .. })));
     }
 
     #[test]

@@ -680,11 +680,33 @@ pub fn node(
             let (experts, nn) = (sw[0], sw[1]);
             let pairs: usize = input(4).shape.iter().product();
             let top = *input(4).shape.last().unwrap();
-            let args = gather_args(graph, i, ptr, out, error, tag)?;
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                I64(x_rows as i64),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                Ptr(ptr(3)),
+                I32(fcode(input(2).dtype)?),
+                Ptr(ptr(4)),
+                I32(icode(input(4).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(pairs as i64),
+                I64(top as i64),
+                I64(experts as i64),
+                I64(nn as i64),
+                I64(k as i64),
+                I32(*bits as i32),
+                I32(*group_size as i32),
+                Ptr(error),
+                I32(tag),
+            ];
             if pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
                 // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop
                 // (same parameters as gather_qmm).
-                if let Some((l, grid)) = tc_gather_launch(graph, i) {
+                if let Some(l) = tc_gemv_kernel("gather_qgemv", input(0).dtype, *bits, 1, nn * pairs, k) {
+                    let grid = (nn.div_ceil(16) as u32, pairs as u32);
                     return gpu.launch_grid(l.name, grid, l.block, l.smem, &args);
                 }
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
@@ -1290,60 +1312,13 @@ pub(crate) fn fused(
             args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
             gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
-        Fused::Router {
-            softmax,
-            topk,
-            renorm,
-            product,
-            norm,
-        } => {
+        Fused::Router { softmax, topk, renorm } => {
             let Op::TopK { k, higher_on_ties } = graph.nodes[*topk].op else {
                 unreachable!("Router holds a topk")
             };
             let probs = &graph.nodes[*softmax];
             let experts = *probs.shape.last().unwrap();
             let rows = probs.shape.iter().product::<usize>() / experts.max(1);
-            static KEYED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            let keyed = I32(i32::from(switch(&KEYED, "MLXCEL_ROUTE_KEYED", true)));
-            if let Some(p) = product {
-                // The product (and the norm in front of it) too: a warp a logit, x staged, the
-                // last block routing (index.cu, moe_router; the ticket in the node's scratch).
-                let Op::QuantizedMatMul { bits, group_size } = graph.nodes[*p].op else {
-                    unreachable!("a router's product is quantized")
-                };
-                let x = input(*p, 0);
-                let kd = *graph.nodes[x].shape.last().unwrap();
-                let smem = dense_staging(kd).ok_or_else(|| {
-                    mlxcel_core::Error::Backend("moe_router: fused for an x that does not fit".into())
-                })?;
-                if scratch == 0 {
-                    return Err(mlxcel_core::Error::Backend("moe_router: no ticket".into()));
-                }
-                let name = intern(format!("moe_router_{}_{bits}", fsuffix(graph.nodes[x].dtype)?));
-                let mut args = vec![Ptr(at(x))];
-                args.extend(norm_in_args(graph, norm, at)?);
-                args.extend([
-                    Ptr(at(x)),
-                    Ptr(at(input(*p, 1))),
-                    Ptr(at(input(*p, 2))),
-                    Ptr(at(input(*p, 3))),
-                    I32(fcode(graph.node(graph.nodes[*p].inputs[2]).dtype)?),
-                    I32(group_size as i32),
-                    Ptr(at(*p)),
-                    I32(fcode(probs.dtype)?),
-                    I64(experts as i64),
-                    I64(kd as i64),
-                    I64(k as i64),
-                    I32(i32::from(higher_on_ties)),
-                    I32(i32::from(*renorm)),
-                    Ptr(at(*topk)),
-                    Ptr(at(i)),
-                    Ptr(scratch),
-                    keyed,
-                ]);
-                const WARPS: usize = 4;
-                return gpu.launch(name, experts.div_ceil(WARPS) as u32, 32 * WARPS as u32, smem, &args);
-            }
             let args = [
                 Ptr(at(input(*softmax, 0))),
                 I32(fcode(probs.dtype)?),
@@ -1354,30 +1329,18 @@ pub(crate) fn fused(
                 I32(i32::from(*renorm)),
                 Ptr(at(*topk)),
                 Ptr(at(i)),
-                keyed,
+                I32(i32::from(switch(&KEYED, "MLXCEL_ROUTE_KEYED", true))),
             ];
             // A warp a row, 8 rows a block (index.cu), the top k selected by one 64-bit key a
             // candidate without branches (MLXCEL_ROUTE_KEYED=0: the comparison-based selection,
             // for comparison; the H100 MoE decode 245.1 -> 261.6 tok/s with keys).
+            static KEYED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
             gpu.launch("moe_route", rows.div_ceil(8) as u32, 256, 0, &args)
         }
-        Fused::WeightedSum { mul, y, w, product } => {
+        Fused::WeightedSum { mul, y, w } => {
             let shape = &graph.nodes[*mul].shape;
             let (k, d) = (shape[shape.len() - 2], shape[shape.len() - 1]);
             let rows = shape.iter().product::<usize>() / (k * d).max(1);
-            if *product {
-                // The routed product first, its last block a tile combining (gemv.cu).
-                let p = y.index();
-                let (l, grid) = tc_gather_launch(graph, p)
-                    .ok_or_else(|| mlxcel_core::Error::Backend("combine: fused for a product it cannot take".into()))?;
-                if scratch == 0 {
-                    return Err(mlxcel_core::Error::Backend("combine: no tickets".into()));
-                }
-                let mut args = gather_args(graph, p, &|j| at(input(p, j)), at(p), error, tag)?;
-                args.extend([Ptr(at(w.index())), Ptr(at(i)), Ptr(scratch)]);
-                let name = intern(format!("{}_combine", l.name));
-                return gpu.launch_grid(name, grid, l.block, l.smem, &args);
-            }
             let args = [
                 Ptr(at(y.index())),
                 Ptr(at(w.index())),
@@ -2712,84 +2675,6 @@ fn argmax_parts(graph: &Graph, i: usize) -> Option<(usize, usize)> {
     };
     let (rows, len, inner) = dims(&graph.node(node.inputs[0]).shape, axis);
     (inner == 1 && len >= 8192 && len < u32::MAX as usize).then(|| (rows, (len / 2048).clamp(2, 128)))
-}
-
-/// Bytes of zeroed scratch the fused kernel anchored at a node keeps for its tickets: a router
-/// with its product counts its blocks done in one (index.cu, moe_router), a routed product with
-/// the combine in one a token and tile (gemv.cu, tc_gather_qgemv_combine).
-pub(crate) fn fused_scratch(graph: &Graph, fused: &super::fuse::Fused) -> Option<usize> {
-    use super::fuse::Fused;
-    match fused {
-        Fused::Router { product: Some(_), .. } => Some(4),
-        Fused::WeightedSum { y, product: true, .. } => {
-            let (_, (tiles, pairs)) = tc_gather_launch(graph, y.index())?;
-            let top = *graph.node(graph.node(*y).inputs[4]).shape.last()?;
-            Some(tiles as usize * (pairs as usize / top.max(1)) * 4)
-        }
-        _ => None,
-    }
-}
-
-/// gather_qmm's parameters (linalg.cu; the gathered GEMVs take the same list) for routed product
-/// `i` reading `ptr(k)` and writing `out`.
-fn gather_args(
-    graph: &Graph,
-    i: usize,
-    ptr: &dyn Fn(usize) -> u64,
-    out: u64,
-    error: u64,
-    tag: i32,
-) -> Result<Vec<Arg>> {
-    use Arg::{Ptr, I32, I64};
-    let node = &graph.nodes[i];
-    let Op::GatherQuantizedMatMul { bits, group_size } = node.op else {
-        unreachable!("gather_args of a routed product")
-    };
-    let input = |k: usize| graph.node(node.inputs[k]);
-    let sx = &input(0).shape;
-    let (k, x_rows) = (sx[sx.len() - 1], sx[sx.len() - 2]);
-    let sw = &input(1).shape;
-    let (experts, nn) = (sw[0], sw[1]);
-    let pairs: usize = input(4).shape.iter().product();
-    let top = *input(4).shape.last().unwrap();
-    Ok(vec![
-        Ptr(ptr(0)),
-        I32(fcode(input(0).dtype)?),
-        I64(x_rows as i64),
-        Ptr(ptr(1)),
-        Ptr(ptr(2)),
-        Ptr(ptr(3)),
-        I32(fcode(input(2).dtype)?),
-        Ptr(ptr(4)),
-        I32(icode(input(4).dtype)?),
-        Ptr(out),
-        I32(fcode(node.dtype)?),
-        I64(pairs as i64),
-        I64(top as i64),
-        I64(experts as i64),
-        I64(nn as i64),
-        I64(k as i64),
-        I32(bits as i32),
-        I32(group_size as i32),
-        Ptr(error),
-        I32(tag),
-    ])
-}
-
-/// The tensor-core gathered GEMV (gemv.cu, tc_gather_qgemv) for routed product `i` at decode,
-/// where it takes it: the launch and its grid (16-row tiles, pairs).
-pub(crate) fn tc_gather_launch(graph: &Graph, i: usize) -> Option<(GemvLaunch, (u32, u32))> {
-    let node = &graph.nodes[i];
-    let Op::GatherQuantizedMatMul { bits, group_size } = node.op else {
-        return None;
-    };
-    let input = |k: usize| graph.node(node.inputs[k]);
-    let k = *input(0).shape.last()?;
-    let nn = *input(1).shape.get(1)?;
-    let pairs: usize = input(4).shape.iter().product();
-    let fits = pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0;
-    let l = tc_gemv_kernel("gather_qgemv", input(0).dtype, bits, 1, nn * pairs, k).filter(|_| fits)?;
-    Some((l, (nn.div_ceil(16) as u32, pairs as u32)))
 }
 
 /// Bytes of scratch node `i` keeps for partial results: decode attention's splits, a long

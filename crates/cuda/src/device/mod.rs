@@ -654,14 +654,6 @@ impl Session for CudaSession {
                 }
                 _ => {}
             }
-            if let Some(bytes) = fusion.anchored[i]
-                .as_ref()
-                .and_then(|f| launch::fused_scratch(graph, f))
-            {
-                let buf = self.gpu.alloc(bytes)?;
-                scratch.insert(i, self.gpu.ptr(&buf));
-                scratch_bufs.push(buf);
-            }
             if let Some(bytes) = launch::partials_scratch(graph, i) {
                 let buf = self.gpu.alloc(bytes)?;
                 scratch.insert(i, self.gpu.ptr(&buf));

@@ -127,21 +127,8 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
-        Some(Fused::WeightedSum { y, product, .. }) => {
-            let with = match product {
-                true => format!("{}+", family(graph, y.index(), None)),
-                false => String::new(),
-            };
-            return format!("fused {with}moe combine {}", node.dtype);
-        }
-        Some(Fused::Router { product, norm, .. }) => {
-            let pre = normed(norm);
-            let with = match product {
-                Some(p) => format!("{pre}{}+", family(graph, *p, None)),
-                None => String::new(),
-            };
-            return format!("fused {with}moe router {}", node.dtype);
-        }
+        Some(Fused::WeightedSum { .. }) => return format!("fused moe combine {}", node.dtype),
+        Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
         Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
         Some(Fused::HeadsLastAttention { attn }) => return format!("{} (heads last)", family(graph, *attn, None)),
         Some(Fused::RopeQkvWrite { norms, .. }) => {
