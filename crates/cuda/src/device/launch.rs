@@ -226,6 +226,54 @@ pub(crate) fn tc_gemv_kernel(
     })
 }
 
+/// The block of a routed product's (or GLU's) tensor-core launch of `grid` blocks of kernel
+/// `name`, a block a 16-row tile of one (token, expert) pair with no loop over tiles: `block` as
+/// [`tc_gemv_kernel`] chose it (about 32 warps an SM), or [`one_round_warps`]' smaller one, with
+/// the device's occupancy. `var` (`MLXCEL_GATHER_WARPS` for the product,
+/// `MLXCEL_GATHER_GLU_WARPS` for the GLU) fixes the warps, for tuning.
+fn gather_block(
+    gpu: &Gpu,
+    name: &'static str,
+    grid: (u32, u32),
+    block: u32,
+    smem: u32,
+    k: usize,
+    var: &str,
+) -> Result<u32> {
+    if let Some(w) = env_usize(var) {
+        return Ok(32 * w.clamp(1, 16) as u32);
+    }
+    let chunks = k.div_ceil(256) as u32;
+    let warps = one_round_warps(block / 32, chunks, grid.0 * grid.1, |w| {
+        gpu.resident_blocks(name, 32 * w, smem)
+    })?;
+    Ok(32 * warps)
+}
+
+/// The warps a block for a launch of `blocks` blocks that each run once (no loop over tiles),
+/// from `warps`: half as many where the blocks take more than one round of what the device holds
+/// at once (`resident(w)` blocks of w warps) and half as many do fit in one round, each warp then
+/// taking at most two of the `chunks`; else `warps`. The routed GLU's 96 registers a thread hold
+/// two 8-warp blocks an SM, so qwen3-30b-a3b's 384 blocks (48 tiles of 768 rows, 8 experts)
+/// took 1.45 rounds; at 4 warps one round, two chunks a warp: 328.6 against 315.7 tok/s on the
+/// H100 (docs/benchmark_results/cuda-decode.md, session 21).
+pub(crate) fn one_round_warps(
+    warps: u32,
+    chunks: u32,
+    blocks: u32,
+    resident: impl Fn(u32) -> Result<u32>,
+) -> Result<u32> {
+    if warps <= 2 || blocks <= resident(warps)? {
+        return Ok(warps);
+    }
+    let half = warps / 2;
+    Ok(if chunks.div_ceil(half) <= 2 && blocks <= resident(half)? {
+        half
+    } else {
+        warps
+    })
+}
+
 /// The ring variant (gemv.cu `tc_qring`) of a tensor-core GEMV launch `l` for `nm` weights a
 /// tile (2: a GLU) where it applies, else `l`: each warp streams its chunks of weights, scales
 /// and biases through shared-memory stages (cp.async) instead of one chunk in its registers.
@@ -707,7 +755,8 @@ pub fn node(
                 // (same parameters as gather_qmm).
                 if let Some(l) = tc_gemv_kernel("gather_qgemv", input(0).dtype, *bits, 1, nn * pairs, k) {
                     let grid = (nn.div_ceil(16) as u32, pairs as u32);
-                    return gpu.launch_grid(l.name, grid, l.block, l.smem, &args);
+                    let block = gather_block(gpu, l.name, grid, l.block, l.smem, k, "MLXCEL_GATHER_WARPS")?;
+                    return gpu.launch_grid(l.name, grid, block, l.smem, &args);
                 }
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
                 return gpu.launch_grid(l.name, (l.grid, pairs as u32), l.block, l.smem, &args);
@@ -1237,7 +1286,9 @@ pub(crate) fn fused(
                         I32(tag),
                     ]);
                     let name = intern(l.name.replacen("tc_gather_qgemv_", "tc_gather_qglu_", 1));
-                    gpu.launch_grid(name, (n.div_ceil(16) as u32, pairs as u32), l.block, l.smem, &args)
+                    let grid = (n.div_ceil(16) as u32, pairs as u32);
+                    let block = gather_block(gpu, name, grid, l.block, l.smem, k, "MLXCEL_GATHER_GLU_WARPS")?;
+                    gpu.launch_grid(name, grid, block, l.smem, &args)
                 }
                 _ => {
                     let w = fsuffix(graph.node(ng.inputs[1]).dtype)?;
@@ -2702,6 +2753,23 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use mlxcel_core::{DType, GraphBuilder};
+
+    /// The routed GLU's warps: halved where that makes one round of blocks of two chunks a warp.
+    #[test]
+    fn routed_blocks_take_one_round_where_half_the_warps_allow() {
+        // qwen3-30b-a3b's GLU on an H100: 2 blocks of 8 warps an SM, 5 of 4 (96 registers).
+        let h100 = |w: u32| Ok(132 * if w == 8 { 2 } else { 5 });
+        assert_eq!(one_round_warps(8, 8, 384, h100).unwrap(), 4);
+        // Already one round, or too many blocks for one round either way (a batched step).
+        assert_eq!(one_round_warps(8, 8, 200, h100).unwrap(), 8);
+        assert_eq!(one_round_warps(8, 8, 3072, h100).unwrap(), 8);
+        // Halving would give a warp four chunks; two warps are the fewest.
+        assert_eq!(one_round_warps(8, 16, 384, h100).unwrap(), 8);
+        assert_eq!(one_round_warps(2, 3, 5000, h100).unwrap(), 2);
+        // The driver's error is the launch's.
+        let failing = |_: u32| Err(mlxcel_core::Error::Backend("no occupancy".into()));
+        assert!(one_round_warps(8, 8, 384, failing).is_err());
+    }
 
     /// Decode attention over dense caches and over a paged pool, between nodes of other ops.
     fn decode_graph() -> Graph {

@@ -864,15 +864,7 @@ impl Gpu {
         let mut name = l.name;
         let tensor_cores = name.starts_with("tc_qgemv") || name.starts_with("tc_qglu");
         if persist != 0 && tensor_cores {
-            let resident = |name: &'static str| -> Result<u32> {
-                let f = self.func(name)?;
-                // The occupancy of a block past 48 KiB counts only once the kernel is allowed it.
-                allow_shared(&f, name, l.smem)?;
-                let per_sm = f
-                    .occupancy_max_active_blocks_per_multiprocessor(l.block, l.smem as usize, None)
-                    .map_err(driver_err)?;
-                Ok((per_sm * self.sms).max(1))
-            };
+            let resident = |name: &'static str| self.resident_blocks(name, l.block, l.smem);
             let mut held = resident(name)?;
             if let Some(double) = double_buffered(name) {
                 let rounds = |held: u32| grid.div_ceil(held);
@@ -890,6 +882,18 @@ impl Gpu {
             return self.launch_programmatic(name, grid, l.block, l.smem, args);
         }
         self.launch(name, grid, l.block, l.smem, args)
+    }
+
+    /// How many blocks of `block` threads and `smem` bytes of dynamic shared memory of kernel
+    /// `name` the device holds at once (at least 1).
+    pub(crate) fn resident_blocks(&self, name: &'static str, block: u32, smem: u32) -> Result<u32> {
+        let f = self.func(name)?;
+        // The occupancy of a block past 48 KiB counts only once the kernel is allowed it.
+        allow_shared(&f, name, smem)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)
+            .map_err(driver_err)?;
+        Ok((per_sm * self.sms).max(1))
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
