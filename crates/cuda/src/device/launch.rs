@@ -255,8 +255,9 @@ fn gather_block(
 /// at once (`resident(w)` blocks of w warps) and half as many do fit in one round, each warp then
 /// taking at most two of the `chunks`; else `warps`. The routed GLU's 96 registers a thread hold
 /// two 8-warp blocks an SM, so qwen3-30b-a3b's 384 blocks (48 tiles of 768 rows, 8 experts)
-/// took 1.45 rounds; at 4 warps one round, two chunks a warp: 328.6 against 315.7 tok/s on the
-/// H100 (docs/benchmark_results/cuda-decode.md, session 21).
+/// took 1.45 rounds; with 4 warps forced (one round, two chunks a warp, what this rule picks
+/// there) 328.6 against 315.7 tok/s on the H100 (docs/benchmark_results/cuda-decode.md, session
+/// 21; the rule itself not yet run on a device).
 pub(crate) fn one_round_warps(
     warps: u32,
     chunks: u32,
