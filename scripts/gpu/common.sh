@@ -176,3 +176,18 @@ old_new() {
     for i in $(seq "$rounds"); do rrun old "old$i-$p" $p; rrun bench "new$i-$p" $p; done
   done
 }
+
+# ncu_mix KERNEL...: where each kernel's instructions and bytes go (third launch in gpu-test
+# gemv_throughput): instructions by pipe, global load requests and sectors, L2 and DRAM bytes,
+# into $OUT/ncu-mix-KERNEL.txt, printed.
+ncu_mix() {
+  local ncu k
+  ncu=$(ncu_bin)
+  for k in "$@"; do
+    timeout 100 $ncu -k regex:"^$k\$" --launch-skip 2 --launch-count 1 --section InstructionStats \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__thread_inst_executed.sum,sm__inst_executed_pipe_alu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_lsu.sum,sm__inst_executed_pipe_tensor.sum,sm__inst_executed_pipe_uniform.sum,sm__inst_executed_pipe_adu.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+      .gpu/tests/gpu-test gemv_throughput --ignored --nocapture > $OUT/ncu-mix-$k.txt 2>&1
+    echo "== ncu mix $k rc=$?"
+    grep -E "^\s+(gpu__|smsp__|sm__|l1tex__|lts__|dram__)|Executed Ipc|Issue Slots" $OUT/ncu-mix-$k.txt | head -24
+  done
+}
