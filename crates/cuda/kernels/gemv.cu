@@ -794,8 +794,10 @@ template <class X, bool ODD> __device__ __forceinline__ unsigned tc_nibbles(unsi
 #define TC_WARPS 16
 
 // NM weights of one shape (1: a product; 2: gate and up of a GLU) applied to x [k]: lane
-// (g, t) of each warp ends with the dot products of rows row0 + g and row0 + g + 8; the block's
-// warps are summed and thread i < 16 returns row row0 + i's in out[m]. x is staged when `stage`
+// (g, t) of each warp ends with the dot products of rows a = row0 + g and b = a + bstride (8
+// unless a rope's pairs need others, tc_qgemv3_rope); the block's warps are summed and thread
+// i < 16 returns row a's (i = g) or row b's (i = g + 8) in out[m]. The tile-packed layout takes
+// bstride 8 only. x is staged when `stage`
 // (a block's first tile; its later tiles reuse it). A warp's first chunk of
 // weights is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
@@ -947,7 +949,7 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
 template <class X, int NM, bool DB = false>
 __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
-                                        i64 k, int group, float* out) {
+                                        i64 k, int group, float* out, i64 bstride = 8) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -970,7 +972,7 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   // This lane's rows a and b of the tile (clamped to the last row), as offsets of their first
   // packed word and first group, made once: the chunk loop only adds the chunk's.
   // 32-bit: the launch keeps n · k / 8 below 2^32.
-  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
+  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + bstride < n ? row0 + g + bstride : n - 1;
   const unsigned wa = (unsigned)(ra * wrow), wb = (unsigned)(rb * wrow);
   const unsigned ga = (unsigned)(ra * groups), gb = (unsigned)(rb * groups);
   const int iruns = (int)runs;

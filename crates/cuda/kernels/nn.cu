@@ -1181,3 +1181,64 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
     __syncwarp();  // the row's readers are done before the next row is written
   }
 }
+
+// An attention layer's q, k and v products at one decode position of batch 1 (tc_qgemv3's three
+// 4-bit products and parameters, each n a multiple of 16) with its rope and cache writes
+// (rope_qkv_write's) in the epilogue, so the rope-and-write is no launch: q turned into y0 (the
+// rope's output [Hq, D]), k turned into the key cache y1 [Hkv, S, D] and v copied into the
+// value cache y2 [Hkv, S, Dv] at row wpos. Every channel of a head turns (the rope's dims = D,
+// a multiple of 16). A turned product's tile holds whole pairs: not interleaved, rows
+// h·D + 8i .. 8i + 7 with their partners D / 2 further (tc_qdot's bstride), so thread j < 8 of
+// the block holds a row and thread j + 8 its partner; interleaved, rows 2m and 2m + 1 of a plain
+// tile (threads j and j ^ 1). Each product is rounded to its dtype (with its bias, if any)
+// before it turns, as the unfused rope reads it; positions, frequencies and rounding as rope's.
+// A write position outside the cache flags the error and writes neither cache.
+#define TC_QGEMV3_ROPE(XN, X, SUF, CAP)                                                                               \
+  extern "C" __global__ void CAP tc_qgemv3_rope_##XN##_4##SUF(                                                        \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
+      const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
+      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag) {                                     \
+    const i64 p = ld_index(wpos, wpos_kind, 0);                                                                       \
+    const bool placed = p >= 0 && p < s;                                                                              \
+    if (!placed && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);                                     \
+    const float at = (float)ld_index(pos, pos_kind, 0);                                                               \
+    const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
+    for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
+      i64 row0 = tile * 16, stride = 8;                                                                               \
+      int part = 0;                                                                                                   \
+      const unsigned* w = w0;                                                                                         \
+      const void *sc = s0, *z = z0, *b = b0;                                                                          \
+      i64 n = n0;                                                                                                     \
+      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; sc = s2; z = z2; b = b2; n = n2; part = 2; }                   \
+      else if (row0 >= n0) { row0 -= n0; w = w1; sc = s1; z = z1; b = b1; n = n1; part = 1; }                         \
+      if (part < 2 && !interleaved) {                                                                                 \
+        const i64 per = d / 16, t = row0 / 16;                                                                        \
+        row0 = t / per * d + t % per * 8, stride = d / 2;                                                             \
+      }                                                                                                               \
+      float out[1] = {0.0f};                                                                                          \
+      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &sc, &z, sdt, row0, n, k, group, out, stride);                \
+      if (threadIdx.x >= 32) continue;                                                                                \
+      const int j = threadIdx.x & 15;                                                                                 \
+      const i64 row = row0 + (j < 8 ? j : stride + j - 8);                                                            \
+      const float v = round_to(with_bias(out[0], b, ydt, row), ydt);                                                  \
+      const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                           \
+      if (threadIdx.x >= 16) continue;                                                                                \
+      if (part == 2) {                                                                                                \
+        if (placed) stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);                                              \
+        continue;                                                                                                     \
+      }                                                                                                               \
+      const i64 c = row % d, half = d / 2;                                                                            \
+      const bool first = interleaved ? (c & 1) == 0 : c < half;                                                       \
+      float sn, cs;                                                                                                   \
+      sincosf(at * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), &sn, &cs);                     \
+      const float r = first ? v * cs - u * sn : u * sn + v * cs;                                                      \
+      if (part == 0) stf(y0, ydt, row, r);                                                                            \
+      else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);                                                    \
+    }                                                                                                                 \
+  }
+TC_QGEMV3_ROPE(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV3_ROPE(f16, F16, _r0, )
+TC_QGEMV3_ROPE(bf16, BF16, _r0, )

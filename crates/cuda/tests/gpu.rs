@@ -50,6 +50,8 @@ const REGISTER_LIMITS: &[(&str, u32, &str)] = &[
     ("tc_qgemv_bf16_4", 64, "two 512-thread blocks an SM"),
     ("tc_qgemv3_f16_4", 64, "two 512-thread blocks an SM"),
     ("tc_qgemv3_bf16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qgemv3_rope_f16_4", 64, "two 512-thread blocks an SM"),
+    ("tc_qgemv3_rope_bf16_4", 64, "two 512-thread blocks an SM"),
     ("tc_qglu_f16_4", 128, "four 128-thread blocks an SM"),
     ("tc_qglu_bf16_4", 128, "four 128-thread blocks an SM"),
     ("grouped_qmm_f16", 168, "three 128-thread blocks an SM"),
@@ -375,6 +377,127 @@ fn qk_norm_step(
     let cache = |seed| HostTensor::from_f32(dt, &[1, hkv, cap, d], &noise(seed, hkv * cap * d)).unwrap();
     let states = vec![("k_cache".to_string(), cache(76)), ("v_cache".to_string(), cache(77))];
     (graph, inputs, states)
+}
+
+/// One decode step of an attention layer from its input: x (or rms_norm(h + d) with `normed`)
+/// through 4-bit q, k and v products of k values (group 64; with `bias`, each plus a bias
+/// vector, as Qwen2's), reshaped to heads and moved to [1, H, 1, D], then rope (every channel,
+/// `interleaved` or not), the cache writes at position `at` and attention (rope_write_attend).
+/// CUDA runs the products, the rope and the writes as one launch (`tc_qgemv3_rope`). Returns
+/// the graph, its inputs (x or h and d, rope positions, write position) and initial caches.
+#[allow(clippy::type_complexity)]
+fn projected_rope_step(
+    dt: mlxcel_core::DType,
+    (hq, hkv, d): (usize, usize, usize),
+    k: usize,
+    (interleaved, normed, bias): (bool, bool, bool),
+    (at, cap): (usize, usize),
+) -> (
+    mlxcel_core::Graph,
+    Vec<mlxcel_core::HostTensor>,
+    Vec<(String, mlxcel_core::HostTensor)>,
+) {
+    use mlxcel_core::{DType, GraphBuilder, HostTensor};
+    let mut g = GraphBuilder::default();
+    let x = if normed {
+        normed_sum(&mut g, dt, dt, k, 91, false).1
+    } else {
+        g.input("x", dt, &[1, 1, k])
+    };
+    // The three products, then their biases (the order models build them in).
+    let ys: Vec<_> = [hq, hkv, hkv]
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| projection(&mut g, x, 92 + i as u64, (h * d, k), (4, 64), dt))
+        .collect();
+    let ys: Vec<_> = ys
+        .into_iter()
+        .zip([hq, hkv, hkv])
+        .enumerate()
+        .map(|(i, (y, h))| {
+            if !bias {
+                return y;
+            }
+            let noise: Vec<f32> = noise(95 + i as u64, h * d).iter().map(|v| v / 4.0).collect();
+            let b = g.parameter("b", HostTensor::from_f32(dt, &[h * d], &noise).unwrap());
+            g.add(y, b).unwrap()
+        })
+        .collect();
+    let heads: Vec<_> = ys
+        .iter()
+        .zip([hq, hkv, hkv])
+        .map(|(&y, h)| {
+            let y = g.reshape(y, &[1, 1, h, d]).unwrap();
+            g.swap_axes(y, 1, 2).unwrap()
+        })
+        .collect();
+    let kc = g.state("k_cache", dt, &[1, hkv, cap, d]);
+    let vc = g.state("v_cache", dt, &[1, hkv, cap, d]);
+    let positions = g.input("positions", DType::I32, &[1]);
+    let pos = g.input("pos", DType::I32, &[]);
+    let graph = rope_write_attend(
+        g,
+        [heads[0], heads[1], heads[2]],
+        [kc, vc],
+        [positions, pos],
+        (d, d, interleaved),
+        1,
+    );
+    // x a quarter of noise, so the products stay near 1 (they are the rope's and the
+    // attention's inputs, whose errors the caches show unscaled).
+    let quarter = |seed| {
+        let v: Vec<f32> = noise(seed, k).iter().map(|v| v / 4.0).collect();
+        HostTensor::from_f32(dt, &[1, 1, k], &v).unwrap()
+    };
+    let mut inputs = if normed {
+        vec![quarter(97), quarter(98)]
+    } else {
+        vec![quarter(97)]
+    };
+    inputs.push(HostTensor::from_f32(DType::I32, &[1], &[at as f32]).unwrap());
+    inputs.push(HostTensor::from_f32(DType::I32, &[], &[at as f32]).unwrap());
+    let cache = |seed| HostTensor::from_f32(dt, &[1, hkv, cap, d], &noise(seed, hkv * cap * d)).unwrap();
+    let states = vec![("k_cache".to_string(), cache(99)), ("v_cache".to_string(), cache(100))];
+    (graph, inputs, states)
+}
+
+/// The shapes the products-with-rope launch is checked in: (dtype, (hq, hkv, d), k,
+/// (interleaved, normed, bias), (position, cache length)): 64-wide heads after a norm, 128-wide
+/// with k not a multiple of 256, interleaved 32-wide heads writing the cache's last slot, and
+/// Qwen2's biases.
+#[allow(clippy::type_complexity)]
+const PROJECTED_ROPE: [(
+    mlxcel_core::DType,
+    (usize, usize, usize),
+    usize,
+    (bool, bool, bool),
+    (usize, usize),
+); 4] = [
+    (mlxcel_core::DType::F16, (4, 2, 64), 256, (false, true, false), (17, 40)),
+    (
+        mlxcel_core::DType::BF16,
+        (4, 2, 128),
+        320,
+        (false, false, false),
+        (0, 8),
+    ),
+    (mlxcel_core::DType::F16, (6, 2, 32), 256, (true, true, false), (31, 32)),
+    (mlxcel_core::DType::BF16, (2, 1, 64), 512, (false, true, true), (5, 12)),
+];
+
+/// The products, rope and cache writes of each PROJECTED_ROPE step are one launch, the step
+/// three with the length's add and the attention (no GPU needed to count them).
+#[test]
+fn q_k_v_products_write_the_rope_and_the_caches() {
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
+        let (graph, _, _) = projected_rope_step(dt, heads, k, flags, place);
+        let families = CudaBackend::launch_families(&graph).unwrap();
+        let launches: usize = families.iter().map(|(_, n)| n).sum();
+        let fused = families
+            .iter()
+            .any(|(f, _)| f.contains("3 products") && f.contains("+rope+kv_write"));
+        assert!(fused && launches == 3, "{dt} {heads:?} {flags:?}: {families:?}");
+    }
 }
 
 /// The shapes the per-head norm fold is checked in: decode (one position) and prefill (three),
@@ -922,6 +1045,22 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![
                 Tolerance::for_dtype(act).scaled(4.0),
                 Tolerance::for_dtype(act).scaled(8.0),
+            ],
+        });
+    }
+    // q, k and v's products with their rope and cache writes in the epilogue (the caches
+    // compared too).
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
+        let (graph, inputs, states) = projected_rope_step(dt, heads, k, flags, place);
+        cases.push(OpCase {
+            name: format!("q, k, v products with rope and writes {dt} {heads:?} k {k} {flags:?} at {place:?}"),
+            graph,
+            inputs,
+            states,
+            tolerance: vec![
+                Tolerance::for_dtype(dt).scaled(4.0),
+                Tolerance::for_dtype(dt).scaled(4.0),
+                Tolerance::for_dtype(dt).scaled(4.0),
             ],
         });
     }

@@ -50,10 +50,14 @@ pub enum Fused {
     /// vector, the product's only reader; the launch writes the sums, and the products are
     /// never stored). Nothing reads what the launch writes before the anchor; `norm` as for
     /// `Glu`.
+    /// With `rope` (the `RopeQkvWrite` q, k and v of the attention the three products feed, at
+    /// one position), the anchor is that rope-and-write's and the launch writes the turned
+    /// queries and both caches instead of the products ([`find_products_rope`]).
     Products {
         parts: Vec<usize>,
         biases: Vec<usize>,
         norm: Option<NormIn>,
+        rope: Option<[usize; 3]>,
     },
     /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
     RopeKvWrite { rope: usize },
@@ -242,9 +246,6 @@ impl Fusion {
             }
         }
         find_rope_qkv(graph, &consumers, &mut f);
-        if rope_fusion && std::env::var("MLXCEL_CUDA_FUSE_ROPE_ATTENTION").is_ok_and(|v| v == "1") {
-            find_rope_attention(graph, &consumers, &mut f);
-        }
         find_heads_last_attention(graph, &consumers, &mut f);
         if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
             find_routers(graph, &consumers, &mut f);
@@ -255,6 +256,14 @@ impl Fusion {
         }
         if !std::env::var("MLXCEL_CUDA_FUSE_NORM").is_ok_and(|v| v == "0") {
             find_normed_inputs(graph, &consumers, &mut f);
+        }
+        // Last: both take a rope-and-write the passes above left whole (its norms folded, its
+        // products grouped and their input's norm folded); the products' launch first.
+        if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS_ROPE").is_ok_and(|v| v == "0") {
+            find_products_rope(graph, &consumers, &mut f);
+        }
+        if rope_fusion && std::env::var("MLXCEL_CUDA_FUSE_ROPE_ATTENTION").is_ok_and(|v| v == "1") {
+            find_rope_attention(graph, &consumers, &mut f);
         }
         f
     }
@@ -273,7 +282,13 @@ impl Fusion {
                 },
                 Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
                 // The weights and biases are parameters.
-                Some(Fused::Products { parts, norm, .. }) => (vec![graph.nodes[parts[0]].inputs[0]], norm),
+                Some(Fused::Products { parts, norm, rope, .. }) => {
+                    let mut reads = vec![graph.nodes[parts[0]].inputs[0]];
+                    if let Some([q, k, v]) = rope {
+                        reads.extend(rope_qkv_reads(graph, *q, *k, *v, false));
+                    }
+                    (reads, norm)
+                }
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
@@ -446,6 +461,93 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
                 norms,
             });
         }
+    }
+}
+
+/// Moves each decode rope-and-write (`RopeQkvWrite` of batch 1 at one position, every channel
+/// of a head turned, heads a multiple of 16 wide, no per-head norms) into the launch of the
+/// three products it reads: a `Products` of 4-bit tensor-core GEMVs whose parts (or bias sums)
+/// are q, k and v in that order, each read only by its rope or cache write through reshapes.
+/// That launch (`tc_qgemv3_rope`) then writes the turned queries and both caches, at the
+/// rope-and-write's anchor, so the rope-and-write is no launch. Where the products compute their
+/// input's add + RMSNorm, nothing may read the sum they write before the new anchor.
+/// `MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0` turns it off.
+fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    // The value `user` reads at `slot`, back through reshapes that only the next reads.
+    let source = |mut user: usize, slot: usize| -> Option<usize> {
+        let mut v = graph.nodes[user].inputs[slot].index();
+        loop {
+            if consumers[v] != [user] {
+                return None;
+            }
+            if !matches!(graph.nodes[v].op, Op::Reshape) {
+                return Some(v);
+            }
+            (user, v) = (v, graph.nodes[v].inputs[0].index());
+        }
+    };
+    for a in 0..graph.nodes.len() {
+        let Some(Fused::RopeQkvWrite {
+            q,
+            k,
+            v,
+            heads_last: false,
+            norms: None,
+        }) = f.anchored[a]
+        else {
+            continue;
+        };
+        let rk = graph.nodes[k].inputs[1].index();
+        let (nq, nk) = (&graph.nodes[q], &graph.nodes[rk]);
+        let Op::Rope { dims, .. } = nq.op else { continue };
+        let d = nq.shape[3];
+        let one = nq.shape[0] == 1 && nq.shape[2] == 1 && nk.shape[0] == 1 && nk.shape[2] == 1;
+        if !one || dims != d || !d.is_multiple_of(16) {
+            continue;
+        }
+        let (Some(sq), Some(sk), Some(sv)) = (source(q, 0), source(rk, 0), source(v, 1)) else {
+            continue;
+        };
+        let group = (0..graph.nodes.len()).find(|&p| match &f.anchored[p] {
+            Some(Fused::Products {
+                parts,
+                biases,
+                rope: None,
+                ..
+            }) => {
+                let out = |j: usize| biases.get(j).copied().unwrap_or(parts[j]);
+                parts.len() == 3 && [out(0), out(1), out(2)] == [sq, sk, sv]
+            }
+            _ => false,
+        });
+        let Some(p) = group else { continue };
+        let Some(Fused::Products {
+            parts, biases, norm, ..
+        }) = f.anchored[p].clone()
+        else {
+            continue;
+        };
+        let first = &graph.nodes[parts[0]];
+        let x = graph.node(first.inputs[0]);
+        let (kx, total) = (
+            *x.shape.last().unwrap_or(&0),
+            parts.iter().map(|&j| *graph.nodes[j].shape.last().unwrap_or(&0)).sum(),
+        );
+        let tensor_cores = matches!(first.op, Op::QuantizedMatMul { bits: 4, .. })
+            && super::launch::tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).is_some();
+        // (The norm itself reads the sum inside the launch.)
+        let sum_unread = norm.is_none_or(|n| consumers[n.add].iter().all(|&c| c == n.norm || c > a));
+        if !tensor_cores || !sum_unread {
+            continue;
+        }
+        f.anchored[p] = None;
+        f.absorbed[p] = true;
+        f.anchored[a] = Some(Fused::Products {
+            parts,
+            biases,
+            norm,
+            rope: Some([q, k, v]),
+        });
     }
 }
 
@@ -728,6 +830,7 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
                 parts,
                 biases,
                 norm: None,
+                rope: None,
             });
         }
     }
@@ -1157,6 +1260,7 @@ mod tests {
                 parts,
                 biases: b,
                 norm: n,
+                ..
             }) => {
                 assert_eq!(parts, &p);
                 assert_eq!(b, &biases);
@@ -1314,6 +1418,91 @@ mod tests {
         // rest apart.
         assert!(matches!(f.anchored[wk], Some(Fused::RopeKvWrite { .. })));
         assert!(!f.absorbed[rq] && f.anchored[wv].is_none());
+    }
+
+    /// A decode attention's q, k and v as a model builds them: three 4-bit products of one x
+    /// (16-wide heads: 2 query heads, 1 kv head), reshaped to [1, H, 1, D], the ropes over
+    /// `dims`, the cache writes, attention. `read_k` also reads the keys' product elsewhere.
+    fn projected_rope_qkv(dims: usize, read_k: bool) -> (Graph, [usize; 7]) {
+        let (k, d) = (64, 16);
+        let mut b = GraphBuilder::default();
+        let x = b.input("x", DType::F16, &[1, 1, k]);
+        let pos = b.input("pos", DType::I32, &[1]);
+        let at = b.input("at", DType::I32, &[]);
+        let len = b.input("len", DType::I32, &[]);
+        let ys: Vec<NodeId> = [2usize, 1, 1]
+            .iter()
+            .map(|&h| {
+                let (q, s, z) = zero_weights(&mut b, &[h * d], k);
+                b.quantized_matmul(x, q, s, z, 4, 64).unwrap()
+            })
+            .collect();
+        let parts: Vec<usize> = ys.iter().map(|y| y.index()).collect();
+        let heads: Vec<NodeId> = ys
+            .iter()
+            .zip([2usize, 1, 1])
+            .map(|(&y, h)| {
+                let y4 = b.reshape(y, &[1, 1, h, d]).unwrap();
+                b.reshape(y4, &[1, h, 1, d]).unwrap()
+            })
+            .collect();
+        let extra = read_k.then(|| b.silu(NodeId(parts[1] as u32)).unwrap());
+        let freqs = |b: &mut GraphBuilder| {
+            b.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &vec![0.5; dims / 2]).unwrap())
+        };
+        let (fq, fk) = (freqs(&mut b), freqs(&mut b));
+        let kc = b.state("k_cache", DType::F16, &[1, 1, 4, d]);
+        let vc = b.state("v_cache", DType::F16, &[1, 1, 4, d]);
+        let rq = b.rope(heads[0], pos, fq, dims, false, 1.0).unwrap();
+        let rk = b.rope(heads[1], pos, fk, dims, false, 1.0).unwrap();
+        let wk = b.kv_write(kc, rk, at).unwrap();
+        let wv = b.kv_write(vc, heads[2], at).unwrap();
+        let o = b.attention(rq, wk, wv, len, 0.25, true, None, None).unwrap();
+        let outs: Vec<NodeId> = [Some(o), extra].into_iter().flatten().collect();
+        let ids = [
+            parts[0],
+            parts[1],
+            parts[2],
+            rq.index(),
+            rk.index(),
+            wk.index(),
+            wv.index(),
+        ];
+        (b.finish(&outs), ids)
+    }
+
+    #[test]
+    fn q_k_v_products_take_their_rope_and_cache_writes() {
+        let (graph, [pq, pk, pv, rq, rk, wk, wv]) = projected_rope_qkv(16, false);
+        let f = Fusion::find(&graph);
+        match &f.anchored[wv] {
+            Some(Fused::Products {
+                parts,
+                rope: Some(rope),
+                ..
+            }) => {
+                assert_eq!(parts, &[pq, pk, pv]);
+                assert_eq!(rope, &[rq, wk, wv]);
+            }
+            other => panic!("expected the products with the rope at the values' write, got {other:?}"),
+        }
+        assert!([pq, pk, pv, rq, rk, wk]
+            .iter()
+            .all(|&j| f.absorbed[j] && f.anchored[j].is_none()));
+        // Off, or a rope that turns part of each head, or the keys' product read elsewhere: the
+        // products and the rope-and-write stay two launches.
+        std::env::set_var("MLXCEL_CUDA_FUSE_PRODUCTS_ROPE", "0");
+        let off = Fusion::find(&graph);
+        std::env::remove_var("MLXCEL_CUDA_FUSE_PRODUCTS_ROPE");
+        let (partial, [_, _, pv2, _, _, _, wv2]) = projected_rope_qkv(8, false);
+        let (read, [_, _, pv3, _, _, _, wv3]) = projected_rope_qkv(16, true);
+        for (f, wv, pv) in [(off, wv, pv), (Fusion::find(&partial), wv2, pv2)] {
+            assert!(matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { .. })));
+            assert!(matches!(f.anchored[pv], Some(Fused::Products { rope: None, .. })));
+        }
+        let f = Fusion::find(&read);
+        assert!(matches!(f.anchored[wv3], Some(Fused::RopeQkvWrite { .. })));
+        assert!(matches!(f.anchored[pv3], Some(Fused::Products { rope: None, .. })));
     }
 
     /// A prefill's q, k and v come as [B, T, H, D] and reach rope and the cache writes through

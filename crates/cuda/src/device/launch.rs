@@ -1530,7 +1530,18 @@ pub(crate) fn fused(
             let n = sq.iter().product::<usize>() + keys + keys / sk[3].max(1) * dv;
             gpu.launch("rope_qkv_write", blocks(n), THREADS, 0, &args)
         }
-        Fused::Products { parts, biases, norm } => {
+        Fused::Products {
+            parts,
+            biases,
+            norm,
+            rope: Some(rope),
+        } => products_rope(gpu, graph, parts, biases, norm, *rope, &at, error, tag),
+        Fused::Products {
+            parts,
+            biases,
+            norm,
+            rope: None,
+        } => {
             let first = &graph.nodes[parts[0]];
             let x = graph.node(first.inputs[0]);
             let k = *x.shape.last().unwrap();
@@ -1621,6 +1632,84 @@ pub(crate) fn fused(
             }
         }
     }
+}
+
+/// The launch of q, k and v's 4-bit products with their rope and cache writes (fuse.rs
+/// `find_products_rope`; nn.cu `tc_qgemv3_rope`): tc_qgemv3's arguments with the turned queries'
+/// buffer and the two caches as its outputs, then the rope's and the writes'. Always the
+/// row-major weights, one chunk in flight a warp: its tiles pair rows the tile-packed layout and
+/// the ring do not.
+#[allow(clippy::too_many_arguments)]
+fn products_rope(
+    gpu: &Gpu,
+    graph: &Graph,
+    parts: &[usize],
+    biases: &[usize],
+    norm: &Option<super::fuse::NormIn>,
+    [q, k, v]: [usize; 3],
+    at: &dyn Fn(usize) -> u64,
+    error: u64,
+    tag: i32,
+) -> Result<()> {
+    use Arg::{Ptr, F32, I32, I64};
+    let input = |node: usize, j: usize| graph.nodes[node].inputs[j].index();
+    let first = &graph.nodes[parts[0]];
+    let x = graph.node(first.inputs[0]);
+    let kx = *x.shape.last().unwrap();
+    let rows = |p: usize| *graph.nodes[p].shape.last().unwrap();
+    let total: usize = parts.iter().map(|&p| rows(p)).sum();
+    let Op::QuantizedMatMul { group_size, .. } = first.op else {
+        unreachable!("fuse.rs gives the rope only to 4-bit products")
+    };
+    let Op::Rope { interleaved, scale, .. } = graph.nodes[q].op else {
+        unreachable!("the rope-and-write's q is a rope")
+    };
+    let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
+    let mut args = vec![Ptr(at(first.inputs[0].index()))];
+    for (slot, (&p, out)) in parts.iter().zip([q, k, v]).enumerate() {
+        debug_assert!(slot < 3);
+        args.extend((1..=3).map(|j| Ptr(at(input(p, j)))));
+        args.extend([Ptr(at(out)), I64(rows(p) as i64)]);
+    }
+    args.extend([
+        I32(fcode(graph.node(first.inputs[2]).dtype)?),
+        I32(fcode(first.dtype)?),
+        I64(kx as i64),
+        I32(group_size as i32),
+    ]);
+    args.extend(norm_in_args(graph, norm, at)?);
+    args.extend((0..3).map(|slot| match biases.get(slot) {
+        Some(&s) => Ptr(super::fuse::sum_bias(graph, s, parts[slot]).map_or(0, |b| at(b.index()))),
+        None => Ptr(0),
+    }));
+    let (pos, freq) = (
+        graph.node(graph.nodes[q].inputs[1]),
+        graph.node(graph.nodes[q].inputs[2]),
+    );
+    let d = *graph.nodes[q].shape.last().unwrap();
+    let cache = &graph.nodes[k].shape; // [1, Hkv, S, D]
+    let dv = *graph.nodes[v].shape.last().unwrap();
+    let wpos = graph.node(graph.nodes[k].inputs[2]);
+    args.extend([
+        Ptr(at(input(q, 1))),
+        I32(icode(pos.dtype)?),
+        Ptr(at(input(q, 2))),
+        I32(fcode(freq.dtype)?),
+        I64(d as i64),
+        I64(dv as i64),
+        I32(i32::from(interleaved)),
+        F32(scale),
+        Ptr(at(input(k, 2))),
+        I32(icode(wpos.dtype)?),
+        I64(cache[2] as i64),
+        Ptr(error),
+        I32(tag),
+    ]);
+    let l = GemvLaunch {
+        name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),
+        ..l
+    };
+    gpu.launch_gemv(&l, &args)
 }
 
 /// Warps a block of the loads-first dense GEMVs (gemv.cu's DSK_WARPS, which must agree), and

@@ -139,9 +139,19 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
             );
         }
         Some(Fused::RopeAttention { .. }) => return format!("{} (rope and kv_write in)", family(graph, i, None)),
-        Some(Fused::Products { parts, biases, norm }) => {
+        Some(Fused::Products {
+            parts,
+            biases,
+            norm,
+            rope,
+        }) => {
             let pre = normed(norm);
-            let post = if biases.is_empty() { "" } else { "+bias" };
+            let post = match (biases.is_empty(), rope.is_some()) {
+                (true, false) => "",
+                (false, false) => "+bias",
+                (true, true) => "+rope+kv_write",
+                (false, true) => "+bias+rope+kv_write",
+            };
             let last = *parts.last().expect("fused products have parts");
             return format!(
                 "fused {pre}{} products{post} ({})",
