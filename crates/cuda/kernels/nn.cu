@@ -1200,10 +1200,6 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
       const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
       float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag) {                                     \
-    const i64 p = ld_index(wpos, wpos_kind, 0);                                                                       \
-    const bool placed = p >= 0 && p < s;                                                                              \
-    if (!placed && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);                                     \
-    const float at = (float)ld_index(pos, pos_kind, 0);                                                               \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
     for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
       i64 row0 = tile * 16, stride = 8;                                                                               \
@@ -1220,6 +1216,11 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
       float out[1] = {0.0f};                                                                                          \
       tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &sc, &z, sdt, row0, n, k, group, out, stride);                \
       if (threadIdx.x >= 32) continue;                                                                                \
+      /* Read after tc_qdot, which waits for the kernel ahead (a programmatic launch). */                             \
+      const i64 p = ld_index(wpos, wpos_kind, 0);                                                                     \
+      const bool placed = p >= 0 && p < s;                                                                            \
+      if (!placed && tile == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);                                         \
+      const float at = (float)ld_index(pos, pos_kind, 0);                                                             \
       const int j = threadIdx.x & 15;                                                                                 \
       const i64 row = row0 + (j < 8 ? j : stride + j - 8);                                                            \
       const float v = round_to(with_bias(out[0], b, ydt, row), ydt);                                                  \
