@@ -1193,6 +1193,20 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
 // tile (threads j and j ^ 1). Each product is rounded to its dtype (with its bias, if any)
 // before it turns, as the unfused rope reads it; positions, frequencies and rounding as rope's.
 // A write position outside the cache flags the error and writes neither cache.
+// Where tile `tile` of tc_qgemv3_rope lies: its product (part), its first row there (row0) and
+// the distance from a lane's row a to its row b (tc_qdot's bstride).
+__device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int interleaved, int* part, i64* row0,
+                                          i64* stride) {
+  i64 r = tile * 16;
+  *part = r >= n0 + n1 ? 2 : r >= n0 ? 1 : 0;
+  r -= *part == 2 ? n0 + n1 : *part == 1 ? n0 : 0;
+  *stride = 8;
+  if (*part < 2 && !interleaved) {
+    const unsigned per = (unsigned)d / 16, t = (unsigned)(r / 16);
+    r = (i64)(t / per) * d + t % per * 8, *stride = d / 2;
+  }
+  *row0 = r;
+}
 #define TC_QGEMV3_ROPE(XN, X, SUF, CAP)                                                                               \
   extern "C" __global__ void CAP tc_qgemv3_rope_##XN##_4##SUF(                                                        \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
@@ -1200,30 +1214,36 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
       const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
       float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag) {                                     \
+    __shared__ float sums[16];                                                                                        \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
     for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
-      i64 row0 = tile * 16, stride = 8;                                                                               \
-      int part = 0;                                                                                                   \
-      const unsigned* w = w0;                                                                                         \
-      const void *sc = s0, *z = z0, *b = b0;                                                                          \
-      i64 n = n0;                                                                                                     \
-      if (row0 >= n0 + n1) { row0 -= n0 + n1; w = w2; sc = s2; z = z2; b = b2; n = n2; part = 2; }                   \
-      else if (row0 >= n0) { row0 -= n0; w = w1; sc = s1; z = z1; b = b1; n = n1; part = 1; }                         \
-      if (part < 2 && !interleaved) {                                                                                 \
-        const i64 per = d / 16, t = row0 / 16;                                                                        \
-        row0 = t / per * d + t % per * 8, stride = d / 2;                                                             \
+      {                                                                                                               \
+        int part;                                                                                                     \
+        i64 row0, stride;                                                                                             \
+        rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                               \
+        const unsigned* w = part == 2 ? w2 : part == 1 ? w1 : w0;                                                     \
+        const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                        \
+        const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                         \
+        float out[1] = {0.0f};                                                                                        \
+        tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0,  \
+                      k, group, out, stride);                                                                         \
+        /* Thread i < 16's sum, through shared memory: the epilogue below works its tile out */                      \
+        /* anew, so nothing of it lives in registers across the products. */                                         \
+        if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                             \
       }                                                                                                               \
-      float out[1] = {0.0f};                                                                                          \
-      tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &sc, &z, sdt, row0, n, k, group, out, stride);                \
       if (threadIdx.x >= 32) continue;                                                                                \
-      /* Read after tc_qdot, which waits for the kernel ahead (a programmatic launch). */                             \
+      __syncwarp();                                                                                                   \
+      int part;                                                                                                       \
+      i64 row0, stride;                                                                                               \
+      rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                                 \
+      const void* b = part == 2 ? b2 : part == 1 ? b1 : b0;                                                           \
+      /* Read here, after tc_qdot waited for the kernel ahead (a programmatic launch). */                            \
       const i64 p = ld_index(wpos, wpos_kind, 0);                                                                     \
       const bool placed = p >= 0 && p < s;                                                                            \
       if (!placed && tile == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);                                         \
-      const float at = (float)ld_index(pos, pos_kind, 0);                                                             \
       const int j = threadIdx.x & 15;                                                                                 \
       const i64 row = row0 + (j < 8 ? j : stride + j - 8);                                                            \
-      const float v = round_to(with_bias(out[0], b, ydt, row), ydt);                                                  \
+      const float v = round_to(with_bias(sums[j], b, ydt, row), ydt);                                                 \
       const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                           \
       if (threadIdx.x >= 16) continue;                                                                                \
       if (part == 2) {                                                                                                \
@@ -1233,7 +1253,8 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
       const i64 c = row % d, half = d / 2;                                                                            \
       const bool first = interleaved ? (c & 1) == 0 : c < half;                                                       \
       float sn, cs;                                                                                                   \
-      sincosf(at * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), &sn, &cs);                     \
+      sincosf((float)ld_index(pos, pos_kind, 0) * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), \
+              &sn, &cs);                                                                                              \
       const float r = first ? v * cs - u * sn : u * sn + v * cs;                                                      \
       if (part == 0) stf(y0, ydt, row, r);                                                                            \
       else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);                                                    \

@@ -91,16 +91,20 @@ fn check_registers(ptx: &str) {
     let log = String::from_utf8_lossy(&run.stderr);
     let (mut name, mut spills) = (String::new(), 0u32);
     let mut registers = std::collections::HashMap::new();
-    let number_before = |line: &str, word: &str| -> Option<u32> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|w| w.trim_end_matches(',') == word)?;
+    // The number before the first run of `phrase`'s words in `line`.
+    let number_before = |line: &str, phrase: &str| -> Option<u32> {
+        let words: Vec<&str> = line.split_whitespace().map(|w| w.trim_end_matches(',')).collect();
+        let want: Vec<&str> = phrase.split(' ').collect();
+        let at = words.windows(want.len()).position(|w| w == want.as_slice())?;
         words.get(at.checked_sub(1)?)?.parse().ok()
     };
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             name = rest.split('\'').next().unwrap_or_default().to_string();
         } else if line.contains("spill stores") {
-            spills = number_before(line, "spill").unwrap_or(0);
+            // "N bytes stack frame, N bytes spill stores, N bytes spill loads": the number two
+            // words before the first "spill".
+            spills = number_before(line, "bytes spill").unwrap_or(0);
         } else if let Some(r) = line
             .contains("registers")
             .then(|| number_before(line, "registers"))
