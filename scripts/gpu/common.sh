@@ -44,7 +44,7 @@ batch() {
 # The representative sweep of six presets (3 runs each) into /tmp/sweep.md, printed.
 sweep() {
   MLXCEL=.gpu/bin/mlxcel MLXCEL_COMMIT=${COMMIT:-wip} timeout 240 bash scripts/bench_representative.sh -o /tmp/sweep.md \
-    --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit,llama-3.2-1b-4bit -- --device cuda -p 512 -g 128 -r 3 2> /tmp/bench.err >/dev/null
+    --only llama-3.1-8b-4bit,qwen3-8b-4bit,qwen3-30b-a3b-4bit,qwen2.5-0.5b-bf16,gemma3-1b-4bit,llama-3.2-1b-4bit -- --device cuda -p 512 -g 128 -r ${SWEEP_R:-3} 2> /tmp/bench.err >/dev/null
   cat /tmp/sweep.md; tail -2 /tmp/bench.err
 }
 

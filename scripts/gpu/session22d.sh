@@ -3,7 +3,8 @@
 # 64 registers with no spill; call 1's build spilled 64 bytes): checks, then decode with the
 # products writing the rope and caches (default here) against apart
 # (MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0, = main), alternating; the llama step kernel by kernel
-# (Nsight, 512-token context) both ways; the representative sweep last. About 9 minutes warm.
+# (Nsight, 512-token context) both ways; the representative sweep last (two runs a preset).
+# About 8 minutes warm.
 source "$(dirname "$0")/common.sh"
 checked_report
 rlog "== dense decode: q, k, v products with the rope / apart [t=$((SECONDS - t0))]"
@@ -19,6 +20,6 @@ rlog "== the llama step kernel by kernel, fused and apart (512-token context) [t
 P=512 rrun ncu_step llama-rope llama-3.1-8b-4bit
 P=512 rrun ncu_step llama-apart llama-3.1-8b-4bit MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0
 rlog "== sweep [t=$((SECONDS - t0))]"
-COMMIT=$(cat .gpu/commit 2>/dev/null || echo qkv-rope) rrun sweep
+SWEEP_R=2 COMMIT=qkv-rope-91f7e5c rrun sweep
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
