@@ -20,6 +20,7 @@ rlog "== the llama step kernel by kernel, fused and apart (512-token context) [t
 P=512 rrun ncu_step llama-rope llama-3.1-8b-4bit
 P=512 rrun ncu_step llama-apart llama-3.1-8b-4bit MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0
 rlog "== sweep [t=$((SECONDS - t0))]"
-SWEEP_R=2 COMMIT=qkv-rope-91f7e5c rrun sweep
+# The router-norm fusion (in this build, measured slower in call 1) off: the sweep is what lands.
+MLXCEL_CUDA_FUSE_NORM_PRODUCT=0 SWEEP_R=2 COMMIT=qkv-rope-91f7e5c rrun sweep
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
