@@ -8,7 +8,7 @@
 source "$(dirname "$0")/common.sh"
 checked_report
 rlog "== dense decode: q, k, v products with the rope / apart [t=$((SECONDS - t0))]"
-for i in 1 2 3; do
+for i in 1 2; do
   rrun bench rope-llama8b llama-3.1-8b-4bit
   rrun bench apart-llama8b llama-3.1-8b-4bit MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0
 done
