@@ -15,6 +15,9 @@
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer; with each product's bias
 //!   (Qwen2's q, k and v) added as the launch writes it;
+//! - an attention's three 4-bit products (q, k and v, batch 1 at one position) and the
+//!   rope-and-write that reads them: one tensor-core launch that writes the turned queries and
+//!   both caches;
 //! - `rms_norm(a + b)` read only by one GEMV launch that stages x (fused products or GLU, 4-bit
 //!   on tensor cores or dense 16-bit): the GEMV computes its input itself while staging it, and
 //!   writes the sum, so the norm is no launch;
