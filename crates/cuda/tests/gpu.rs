@@ -1052,53 +1052,47 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             ],
         });
     }
-    // q, k and v's products with their rope and cache writes in the epilogue (the caches
-    // compared too).
+    // An attention step's case: its output and both caches against the CPU's, each within
+    // dt's tolerance scaled by `scales`.
+    #[allow(clippy::type_complexity)]
+    let step_case = |name: String,
+                     (graph, inputs, states): (mlxcel_core::Graph, Vec<HostTensor>, Vec<(String, HostTensor)>),
+                     dt: DType,
+                     scales: [f64; 3]| OpCase {
+        name,
+        graph,
+        inputs,
+        states,
+        tolerance: scales.iter().map(|&x| Tolerance::for_dtype(dt).scaled(x)).collect(),
+    };
+    // q, k and v's products with their rope and cache writes in the epilogue.
     for (dt, heads, k, flags, place) in PROJECTED_ROPE {
-        let (graph, inputs, states) = projected_rope_step(dt, heads, k, flags, place);
-        cases.push(OpCase {
-            name: format!("q, k, v products with rope and writes {dt} {heads:?} k {k} {flags:?} at {place:?}"),
-            graph,
-            inputs,
-            states,
-            tolerance: vec![
-                Tolerance::for_dtype(dt).scaled(4.0),
-                Tolerance::for_dtype(dt).scaled(4.0),
-                Tolerance::for_dtype(dt).scaled(4.0),
-            ],
-        });
+        cases.push(step_case(
+            format!("q, k, v products with rope and writes {dt} {heads:?} k {k} {flags:?} at {place:?}"),
+            projected_rope_step(dt, heads, k, flags, place),
+            dt,
+            [4.0; 3],
+        ));
     }
-    // Per-head q and k norms inside the rope-and-write launch (the caches compared too).
+    // Per-head q and k norms inside the rope-and-write launch.
     for (dt, shape, t, unit_offset, at) in QK_NORM {
-        let (graph, inputs, states) = qk_norm_step(dt, shape, t, Some(unit_offset), at);
-        cases.push(OpCase {
-            name: format!("qk norms in rope and write {dt} {shape:?} t={t} unit_offset {unit_offset} at {at}"),
-            graph,
-            inputs,
-            states,
-            tolerance: vec![
-                Tolerance::for_dtype(dt).scaled(4.0),
-                Tolerance::for_dtype(dt),
-                Tolerance::for_dtype(dt),
-            ],
-        });
+        cases.push(step_case(
+            format!("qk norms in rope and write {dt} {shape:?} t={t} unit_offset {unit_offset} at {at}"),
+            qk_norm_step(dt, shape, t, Some(unit_offset), at),
+            dt,
+            [4.0, 1.0, 1.0],
+        ));
     }
-    // A decode step's rope and cache writes inside its attention's split kernel (the caches
-    // compared too), the fold turned on.
+    // A decode step's rope and cache writes inside its attention's split kernel, the fold
+    // turned on.
     fold_rope_into_attention();
     for (dt, shape, interleaved, cap, at) in ROPE_DECODE {
-        let (graph, inputs, states) = rope_decode_step(dt, shape, interleaved, cap, at);
-        cases.push(OpCase {
-            name: format!("rope in decode attention {dt} {shape:?} interleaved {interleaved} at {at:?}"),
-            graph,
-            inputs,
-            states,
-            tolerance: vec![
-                Tolerance::for_dtype(dt).scaled(4.0),
-                Tolerance::for_dtype(dt),
-                Tolerance::for_dtype(dt),
-            ],
-        });
+        cases.push(step_case(
+            format!("rope in decode attention {dt} {shape:?} interleaved {interleaved} at {at:?}"),
+            rope_decode_step(dt, shape, interleaved, cap, at),
+            dt,
+            [4.0, 1.0, 1.0],
+        ));
     }
     let cuda = match cuda {
         Ok(b) => b,
