@@ -511,25 +511,21 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         let (Some(sq), Some(sk), Some(sv)) = (source(q, 0), source(rk, 0), source(v, 1)) else {
             continue;
         };
-        let group = (0..graph.nodes.len()).find(|&p| match &f.anchored[p] {
-            Some(Fused::Products {
-                parts,
-                biases,
-                rope: None,
-                ..
-            }) => {
-                let out = |j: usize| biases.get(j).copied().unwrap_or(parts[j]);
-                parts.len() == 3 && [out(0), out(1), out(2)] == [sq, sk, sv]
-            }
-            _ => false,
-        });
-        let Some(p) = group else { continue };
+        // A Products launch runs at its last output (find_products): the last of the three.
+        let p = sq.max(sk).max(sv);
         let Some(Fused::Products {
-            parts, biases, norm, ..
+            parts,
+            biases,
+            norm,
+            rope: None,
         }) = f.anchored[p].clone()
         else {
             continue;
         };
+        let out = |j: usize| biases.get(j).copied().unwrap_or(parts[j]);
+        if parts.len() != 3 || [out(0), out(1), out(2)] != [sq, sk, sv] {
+            continue;
+        }
         let first = &graph.nodes[parts[0]];
         let x = graph.node(first.inputs[0]);
         let (kx, total) = (

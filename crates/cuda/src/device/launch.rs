@@ -1551,27 +1551,11 @@ pub(crate) fn fused(
             // and biases), its output (the bias sum's, with biases) and its rows; zeros for an
             // unused slot.
             let tensors = first.inputs.len() - 1;
-            let mut args = vec![Ptr(at(first.inputs[0].index()))];
-            for slot in 0..3 {
-                match parts.get(slot) {
-                    Some(&p) => {
-                        let out = biases.get(slot).copied().unwrap_or(p);
-                        args.extend((1..=tensors).map(|j| Ptr(at(input(p, j)))));
-                        args.extend([Ptr(at(out)), I64(rows(p) as i64)]);
-                    }
-                    None => {
-                        args.extend((0..=tensors).map(|_| Ptr(0)));
-                        args.push(I64(0));
-                    }
-                }
-            }
-            // gemv.cu's b0, b1, b2: each sum's bias vector.
-            let bias_args: Vec<Arg> = (0..3)
-                .map(|slot| match (parts.get(slot), biases.get(slot)) {
-                    (Some(&p), Some(&s)) => Ptr(super::fuse::sum_bias(graph, s, p).map_or(0, |b| at(b.index()))),
-                    _ => Ptr(0),
-                })
+            let outs: Vec<usize> = (0..parts.len())
+                .map(|slot| biases.get(slot).copied().unwrap_or(parts[slot]))
                 .collect();
+            let mut args = product_slot_args(graph, parts, &outs, at);
+            let bias_args = product_bias_args(graph, parts, biases, at);
             // A batched step's products on qmm_ring3 (fusion took them for that).
             if let Some(q) = norm.is_none().then(|| qmm_products_plan(graph, parts)).flatten() {
                 let codes = [I32(fcode(graph.node(first.inputs[2]).dtype)?), I32(fcode(first.dtype)?)];
@@ -1634,6 +1618,41 @@ pub(crate) fn fused(
     }
 }
 
+/// The leading arguments of a launch of up to three products of one x (gemv.cu `tc_qgemv3`,
+/// `dgemv3`, `dsk_gemv3`, qmm_ring3; nn.cu `tc_qgemv3_rope`): x, then per product slot its
+/// weight tensors (a dense weight, or packed weights, scales and biases), the node it writes
+/// (`outs`, one a part) and its rows; zeros for an unused slot.
+fn product_slot_args(graph: &Graph, parts: &[usize], outs: &[usize], at: &dyn Fn(usize) -> u64) -> Vec<Arg> {
+    let first = &graph.nodes[parts[0]];
+    let tensors = first.inputs.len() - 1;
+    let mut args = vec![Arg::Ptr(at(first.inputs[0].index()))];
+    for slot in 0..3 {
+        match (parts.get(slot), outs.get(slot)) {
+            (Some(&p), Some(&out)) => {
+                let node = &graph.nodes[p];
+                args.extend(node.inputs[1..].iter().map(|w| Arg::Ptr(at(w.index()))));
+                args.extend([Arg::Ptr(at(out)), Arg::I64(*node.shape.last().unwrap() as i64)]);
+            }
+            _ => {
+                args.extend((0..=tensors).map(|_| Arg::Ptr(0)));
+                args.push(Arg::I64(0));
+            }
+        }
+    }
+    args
+}
+
+/// gemv.cu's b0, b1, b2 of a products launch: each bias sum's bias vector, null where a slot
+/// has none.
+fn product_bias_args(graph: &Graph, parts: &[usize], biases: &[usize], at: &dyn Fn(usize) -> u64) -> Vec<Arg> {
+    (0..3)
+        .map(|slot| match (parts.get(slot), biases.get(slot)) {
+            (Some(&p), Some(&s)) => Arg::Ptr(super::fuse::sum_bias(graph, s, p).map_or(0, |b| at(b.index()))),
+            _ => Arg::Ptr(0),
+        })
+        .collect()
+}
+
 /// The launch of q, k and v's 4-bit products with their rope and cache writes (fuse.rs
 /// `find_products_rope`; nn.cu `tc_qgemv3_rope`): tc_qgemv3's arguments with the turned queries'
 /// buffer and the two caches as its outputs, then the rope's and the writes'. Always the
@@ -1665,12 +1684,7 @@ fn products_rope(
         unreachable!("the rope-and-write's q is a rope")
     };
     let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
-    let mut args = vec![Ptr(at(first.inputs[0].index()))];
-    for (slot, (&p, out)) in parts.iter().zip([q, k, v]).enumerate() {
-        debug_assert!(slot < 3);
-        args.extend((1..=3).map(|j| Ptr(at(input(p, j)))));
-        args.extend([Ptr(at(out)), I64(rows(p) as i64)]);
-    }
+    let mut args = product_slot_args(graph, parts, &[q, k, v], at);
     args.extend([
         I32(fcode(graph.node(first.inputs[2]).dtype)?),
         I32(fcode(first.dtype)?),
@@ -1678,10 +1692,7 @@ fn products_rope(
         I32(group_size as i32),
     ]);
     args.extend(norm_in_args(graph, norm, at)?);
-    args.extend((0..3).map(|slot| match biases.get(slot) {
-        Some(&s) => Ptr(super::fuse::sum_bias(graph, s, parts[slot]).map_or(0, |b| at(b.index()))),
-        None => Ptr(0),
-    }));
+    args.extend(product_bias_args(graph, parts, biases, at));
     let (pos, freq) = (
         graph.node(graph.nodes[q].inputs[1]),
         graph.node(graph.nodes[q].inputs[2]),
