@@ -1264,3 +1264,74 @@ TC_QGEMV3_ROPE(f16, F16, , TC_GEMV_CAP)
 TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP)
 TC_QGEMV3_ROPE(f16, F16, _r0, )
 TC_QGEMV3_ROPE(bf16, BF16, _r0, )
+
+// dsk_gemv3's three dense products of one row (q, k and v; its parameters and meaning) with
+// tc_qgemv3_rope's rope and cache writes in the epilogue (its parameters after dsk_gemv3's).
+// A block's sets of a turned product are whole pairs: sets 2m and 2m + 1 take rows
+// h·D + i and h·D + i + D / 2 (not interleaved) or rows 2i and 2i + 1 (interleaved), so a set
+// finds its partner's sum in the block's shared memory. Needs two sets a block at least (G at
+// most 4); every part's rows a multiple of the sets (D a multiple of 16).
+template <class X, class W>
+__device__ __forceinline__ void dsk_gemv3_rope(const void* x, const void* w0, void* y0, i64 n0, const void* w1,
+                                               void* y1, i64 n1, const void* w2, void* y2, i64 n2, int ydt, i64 k,
+                                               int G, const NormIn& nin, const void* b0, const void* b1,
+                                               const void* b2, const void* pos, int pos_kind, const void* freq,
+                                               int fdt, i64 d, i64 dv, int interleaved, float scale,
+                                               const void* wpos, int wpos_kind, i64 s, int* error, int tag) {
+  __shared__ float sums[DSK_WARPS][1];
+  const int sets = DSK_WARPS / G;
+  // Set `set`'s part, matrix, bias and row within its matrix (n: that matrix's rows).
+  auto locate = [&](int set, int* part, const void** w, const void** b, i64* row, i64* n) {
+    i64 r = (i64)blockIdx.x * sets + set;
+    *part = r >= n0 + n1 ? 2 : r >= n0 ? 1 : 0;
+    r -= *part == 2 ? n0 + n1 : *part == 1 ? n0 : 0;
+    *w = *part == 2 ? w2 : *part == 1 ? w1 : w0;
+    *b = *part == 2 ? b2 : *part == 1 ? b1 : b0;
+    *n = *part == 2 ? n2 : *part == 1 ? n1 : n0;
+    if (*part < 2 && !interleaved) {
+      const i64 pair = r / 2, half = d / 2;
+      r = pair / half * d + pair % half + (r % 2) * half;
+    }
+    *row = r;
+  };
+  int part;
+  const void *w, *b;
+  i64 row, n;
+  locate((threadIdx.x >> 5) / G, &part, &w, &b, &row, &n);
+  dsk_sums<X, W, 1>(x, nin, w, w, row, n, k, G, sums);
+  if (threadIdx.x >= sets) return;
+  const i64 p = ld_index(wpos, wpos_kind, 0);
+  const bool placed = p >= 0 && p < s;
+  if (!placed && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);
+  const int me = threadIdx.x;
+  locate(me, &part, &w, &b, &row, &n);
+  const float v = round_to(with_bias(sums[me][0], b, ydt, row), ydt);
+  if (part == 2) {
+    if (placed) stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);
+    return;
+  }
+  i64 other;
+  locate(me ^ 1, &part, &w, &b, &other, &n);
+  const float u = round_to(with_bias(sums[me ^ 1][0], b, ydt, other), ydt);
+  const i64 c = row % d, half = d / 2;
+  const bool first = interleaved ? (c & 1) == 0 : c < half;
+  float sn, cs;
+  sincosf((float)ld_index(pos, pos_kind, 0) * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), &sn,
+          &cs);
+  const float r = first ? v * cs - u * sn : u * sn + v * cs;
+  if (part == 0) stf(y0, ydt, row, r);
+  else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);
+}
+#define DSK_ROPE(XN, X, WN, W)                                                                                        \
+  extern "C" __global__ void dsk_gemv3_rope_##XN##_##WN(                                                              \
+      const void* x, const void* w0, void* y0, i64 n0, const void* w1, void* y1, i64 n1, const void* w2, void* y2,    \
+      i64 n2, int ydt, i64 k, int g, NORM_IN_PARAMS, const void* b0, const void* b1, const void* b2, const void* pos,  \
+      int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved, float scale, const void* wpos,         \
+      int wpos_kind, i64 s, int* error, int tag) {                                                                    \
+    dsk_gemv3_rope<X, W>(x, w0, y0, n0, w1, y1, n1, w2, y2, n2, ydt, k, g, NORM_IN, b0, b1, b2, pos, pos_kind, freq,  \
+                         fdt, d, dv, interleaved, scale, wpos, wpos_kind, s, error, tag);                             \
+  }
+DSK_ROPE(f16, F16, f16, F16)
+DSK_ROPE(f16, F16, bf16, BF16)
+DSK_ROPE(bf16, BF16, f16, F16)
+DSK_ROPE(bf16, BF16, bf16, BF16)

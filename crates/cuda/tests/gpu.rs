@@ -384,16 +384,17 @@ fn qk_norm_step(
 }
 
 /// One decode step of an attention layer from its input: x (or rms_norm(h + d) with `normed`)
-/// through 4-bit q, k and v products of k values (group 64; with `bias`, each plus a bias
-/// vector, as Qwen2's), reshaped to heads and moved to [1, H, 1, D], then rope (every channel,
-/// `interleaved` or not), the cache writes at position `at` and attention (rope_write_attend).
-/// CUDA runs the products, the rope and the writes as one launch (`tc_qgemv3_rope`). Returns
+/// through q, k and v products of k values (4-bit at group 64, or dense where `bits` is 0;
+/// with `bias`, each plus a bias vector, as Qwen2's), reshaped to heads and moved to
+/// [1, H, 1, D], then rope (every channel, `interleaved` or not), the cache writes at position
+/// `at` and attention (rope_write_attend). CUDA runs the products, the rope and the writes as
+/// one launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`). Returns
 /// the graph, its inputs (x or h and d, rope positions, write position) and initial caches.
 #[allow(clippy::type_complexity)]
 fn projected_rope_step(
     dt: mlxcel_core::DType,
     (hq, hkv, d): (usize, usize, usize),
-    k: usize,
+    (k, bits): (usize, u32),
     (interleaved, normed, bias): (bool, bool, bool),
     (at, cap): (usize, usize),
 ) -> (
@@ -412,7 +413,7 @@ fn projected_rope_step(
     let ys: Vec<_> = [hq, hkv, hkv]
         .iter()
         .enumerate()
-        .map(|(i, &h)| projection(&mut g, x, 92 + i as u64, (h * d, k), (4, 64), dt))
+        .map(|(i, &h)| projection(&mut g, x, 92 + i as u64, (h * d, k), (bits, 64), dt))
         .collect();
     let ys: Vec<_> = ys
         .into_iter()
@@ -465,28 +466,68 @@ fn projected_rope_step(
     (graph, inputs, states)
 }
 
-/// The shapes the products-with-rope launch is checked in: (dtype, (hq, hkv, d), k,
-/// (interleaved, normed, bias), (position, cache length)): 64-wide heads after a norm, 128-wide
-/// with k not a multiple of 256, interleaved 32-wide heads writing the cache's last slot, and
-/// Qwen2's biases.
+/// The shapes the products-with-rope launch is checked in: (dtype, (hq, hkv, d), (k, bits),
+/// (interleaved, normed, bias), (position, cache length)). 4-bit: 64-wide heads after a norm,
+/// 128-wide with k not a multiple of 256, interleaved 32-wide heads writing the cache's last
+/// slot, Qwen2's biases. Dense: 8, 4 and 2 rows a block (k up to 1024, 2048 and 4096), with
+/// Qwen2's biases and an interleaved rope among them.
 #[allow(clippy::type_complexity)]
 const PROJECTED_ROPE: [(
     mlxcel_core::DType,
     (usize, usize, usize),
-    usize,
+    (usize, u32),
     (bool, bool, bool),
     (usize, usize),
-); 4] = [
-    (mlxcel_core::DType::F16, (4, 2, 64), 256, (false, true, false), (17, 40)),
+); 7] = [
+    (
+        mlxcel_core::DType::F16,
+        (4, 2, 64),
+        (256, 4),
+        (false, true, false),
+        (17, 40),
+    ),
     (
         mlxcel_core::DType::BF16,
         (4, 2, 128),
-        320,
+        (320, 4),
         (false, false, false),
         (0, 8),
     ),
-    (mlxcel_core::DType::F16, (6, 2, 32), 256, (true, true, false), (31, 32)),
-    (mlxcel_core::DType::BF16, (2, 1, 64), 512, (false, true, true), (5, 12)),
+    (
+        mlxcel_core::DType::F16,
+        (6, 2, 32),
+        (256, 4),
+        (true, true, false),
+        (31, 32),
+    ),
+    (
+        mlxcel_core::DType::BF16,
+        (2, 1, 64),
+        (512, 4),
+        (false, true, true),
+        (5, 12),
+    ),
+    (
+        mlxcel_core::DType::F16,
+        (14, 2, 64),
+        (896, 0),
+        (false, true, true),
+        (9, 16),
+    ),
+    (
+        mlxcel_core::DType::BF16,
+        (4, 2, 64),
+        (1536, 0),
+        (true, false, false),
+        (3, 8),
+    ),
+    (
+        mlxcel_core::DType::F16,
+        (2, 1, 128),
+        (3072, 0),
+        (false, true, false),
+        (7, 8),
+    ),
 ];
 
 /// The products, rope and cache writes of each PROJECTED_ROPE step are one launch, the step
@@ -1068,7 +1109,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
     // q, k and v's products with their rope and cache writes in the epilogue.
     for (dt, heads, k, flags, place) in PROJECTED_ROPE {
         cases.push(step_case(
-            format!("q, k, v products with rope and writes {dt} {heads:?} k {k} {flags:?} at {place:?}"),
+            format!("q, k, v products with rope and writes {dt} {heads:?} (k, bits) {k:?} {flags:?} at {place:?}"),
             projected_rope_step(dt, heads, k, flags, place),
             dt,
             [4.0; 3],

@@ -15,9 +15,9 @@
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
 //!   share the GPU with q and a layer launches two kernels fewer; with each product's bias
 //!   (Qwen2's q, k and v) added as the launch writes it;
-//! - an attention's three 4-bit products (q, k and v, batch 1 at one position) and the
-//!   rope-and-write that reads them: one tensor-core launch that writes the turned queries and
-//!   both caches;
+//! - an attention's three 4-bit or dense products (q, k and v, batch 1 at one position) and
+//!   the rope-and-write that reads them: one launch that writes the turned queries and both
+//!   caches;
 //! - `rms_norm(a + b)` read only by one GEMV launch that stages x (fused products or GLU, 4-bit
 //!   on tensor cores or dense 16-bit): the GEMV computes its input itself while staging it, and
 //!   writes the sum, so the norm is no launch;
@@ -469,9 +469,10 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
 
 /// Moves each decode rope-and-write (`RopeQkvWrite` of batch 1 at one position, every channel
 /// of a head turned, heads a multiple of 16 wide, no per-head norms) into the launch of the
-/// three products it reads: a `Products` of 4-bit tensor-core GEMVs whose parts (or bias sums)
-/// are q, k and v in that order, each read only by its rope or cache write through reshapes.
-/// That launch (`tc_qgemv3_rope`) then writes the turned queries and both caches, at the
+/// three products it reads: a `Products` of 4-bit tensor-core GEMVs or dense loads-first ones
+/// whose parts (or bias sums) are q, k and v in that order, each read only by its rope or cache
+/// write through reshapes. That launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`) then writes the
+/// turned queries and both caches, at the
 /// rope-and-write's anchor, so the rope-and-write is no launch. Where the products compute their
 /// input's add + RMSNorm, nothing may read the sum they write before the new anchor.
 /// `MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0` turns it off.
@@ -532,11 +533,20 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             *x.shape.last().unwrap_or(&0),
             parts.iter().map(|&j| *graph.nodes[j].shape.last().unwrap_or(&0)).sum(),
         );
-        let tensor_cores = matches!(first.op, Op::QuantizedMatMul { bits: 4, .. })
-            && super::launch::tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).is_some();
+        // 4-bit on the tensor cores, or dense on the loads-first GEMV with two rows a block
+        // at least (a rope pair's two sets).
+        let launchable = match first.op {
+            Op::QuantizedMatMul { bits: 4, .. } => {
+                super::launch::tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).is_some()
+            }
+            Op::MatMul { transpose_b: true } => {
+                super::launch::dense_split(x.dtype, 1, total, kx).is_some_and(|g| g <= 4)
+            }
+            _ => false,
+        };
         // (The norm itself reads the sum inside the launch.)
         let sum_unread = norm.is_none_or(|n| consumers[n.add].iter().all(|&c| c == n.norm || c > a));
-        if !tensor_cores || !sum_unread {
+        if !launchable || !sum_unread {
             continue;
         }
         f.anchored[p] = None;

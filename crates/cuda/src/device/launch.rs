@@ -1655,9 +1655,10 @@ fn product_bias_args(graph: &Graph, parts: &[usize], biases: &[usize], at: &dyn 
 
 /// The launch of q, k and v's 4-bit products with their rope and cache writes (fuse.rs
 /// `find_products_rope`; nn.cu `tc_qgemv3_rope`): tc_qgemv3's arguments with the turned queries'
-/// buffer and the two caches as its outputs, then the rope's and the writes'. Always the
-/// row-major weights, one chunk in flight a warp: its tiles pair rows the tile-packed layout and
-/// the ring do not.
+/// buffer and the two caches as its outputs, then the rope's and the writes'; or the same for
+/// dense weights on the loads-first GEMV (`dsk_gemv3_rope`). Always the row-major 4-bit
+/// weights, one chunk in flight a warp: its tiles pair rows the tile-packed layout and the ring
+/// do not.
 #[allow(clippy::too_many_arguments)]
 fn products_rope(
     gpu: &Gpu,
@@ -1677,20 +1678,27 @@ fn products_rope(
     let kx = *x.shape.last().unwrap();
     let rows = |p: usize| *graph.nodes[p].shape.last().unwrap();
     let total: usize = parts.iter().map(|&p| rows(p)).sum();
-    let Op::QuantizedMatMul { group_size, .. } = first.op else {
-        unreachable!("fuse.rs gives the rope only to 4-bit products")
-    };
     let Op::Rope { interleaved, scale, .. } = graph.nodes[q].op else {
         unreachable!("the rope-and-write's q is a rope")
     };
-    let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
     let mut args = product_slot_args(graph, parts, &[q, k, v], at);
-    args.extend([
-        I32(fcode(graph.node(first.inputs[2]).dtype)?),
-        I32(fcode(first.dtype)?),
-        I64(kx as i64),
-        I32(group_size as i32),
-    ]);
+    let quantized = match first.op {
+        Op::QuantizedMatMul { group_size, .. } => {
+            args.extend([
+                I32(fcode(graph.node(first.inputs[2]).dtype)?),
+                I32(fcode(first.dtype)?),
+                I64(kx as i64),
+                I32(group_size as i32),
+            ]);
+            true
+        }
+        _ => {
+            let g = dense_split(x.dtype, 1, total, kx).filter(|&g| g <= 4);
+            let g = g.ok_or_else(|| Error::Backend("q, k and v with rope: no loads-first dense GEMV".into()))?;
+            args.extend([I32(fcode(first.dtype)?), I64(kx as i64), I32(g as i32)]);
+            false
+        }
+    };
     args.extend(norm_in_args(graph, norm, at)?);
     args.extend(product_bias_args(graph, parts, biases, at));
     let (pos, freq) = (
@@ -1716,6 +1724,14 @@ fn products_rope(
         Ptr(error),
         I32(tag),
     ]);
+    if !quantized {
+        let g = dense_split(x.dtype, 1, total, kx).expect("checked above");
+        let smem = norm_staging(norm, kx, "q, k and v with rope")?;
+        let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
+        let name = intern(format!("dsk_gemv3_rope_{}_{w}", fsuffix(x.dtype)?));
+        return gpu.launch(name, dsk_blocks(total, g), DSK_THREADS, smem, &args);
+    }
+    let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
     let l = GemvLaunch {
         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),
         ..l
@@ -1733,7 +1749,7 @@ const DSK_THREADS: u32 = DSK_WARPS as u32 * 32;
 /// 8) that hold a row in one batch of 4 words a lane (k ≤ 1024·G), so a row is one memory round
 /// trip. Not for the LM head's width (n ≥ 32768 keeps `dgemv`, near the copy bandwidth there)
 /// unless `MLXCEL_DENSE_SK=all`; `MLXCEL_DENSE_SK=0` keeps the warp-a-row kernels throughout.
-fn dense_split(x: mlxcel_core::DType, rows: usize, n: usize, k: usize) -> Option<usize> {
+pub(crate) fn dense_split(x: mlxcel_core::DType, rows: usize, n: usize, k: usize) -> Option<usize> {
     use mlxcel_core::DType;
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| match std::env::var("MLXCEL_DENSE_SK").as_deref() {
