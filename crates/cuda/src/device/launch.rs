@@ -1682,7 +1682,8 @@ fn products_rope(
         unreachable!("the rope-and-write's q is a rope")
     };
     let mut args = product_slot_args(graph, parts, &[q, k, v], at);
-    let quantized = match first.op {
+    // The dense kernel's split (rows a block), None for the 4-bit one.
+    let dense = match first.op {
         Op::QuantizedMatMul { group_size, .. } => {
             args.extend([
                 I32(fcode(graph.node(first.inputs[2]).dtype)?),
@@ -1690,13 +1691,13 @@ fn products_rope(
                 I64(kx as i64),
                 I32(group_size as i32),
             ]);
-            true
+            None
         }
         _ => {
             let g = dense_split(x.dtype, 1, total, kx).filter(|&g| g <= 4);
             let g = g.ok_or_else(|| Error::Backend("q, k and v with rope: no loads-first dense GEMV".into()))?;
             args.extend([I32(fcode(first.dtype)?), I64(kx as i64), I32(g as i32)]);
-            false
+            Some(g)
         }
     };
     args.extend(norm_in_args(graph, norm, at)?);
@@ -1724,8 +1725,7 @@ fn products_rope(
         Ptr(error),
         I32(tag),
     ]);
-    if !quantized {
-        let g = dense_split(x.dtype, 1, total, kx).expect("checked above");
+    if let Some(g) = dense {
         let smem = norm_staging(norm, kx, "q, k and v with rope")?;
         let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
         let name = intern(format!("dsk_gemv3_rope_{}_{w}", fsuffix(x.dtype)?));
