@@ -132,6 +132,11 @@ __device__ __forceinline__ float bits_float(unsigned r, int dt) {
   return dt == 0 ? __uint_as_float(r) : dt == 1 ? h : __uint_as_float(r << 16);
 }
 __device__ __forceinline__ float ldf(const void* p, int dt, i64 i) { return bits_float(ld_bits(p, dt, i), dt); }
+// ldf through L2 only (ld.global.cg): a value another block of the launch wrote, made visible by
+// its __threadfence, which this block's L1 may hold stale.
+__device__ __forceinline__ float ldf_cg(const void* p, int dt, i64 i) {
+  return bits_float(dt == 0 ? __ldcg((const unsigned*)p + i) : (unsigned)__ldcg((const unsigned short*)p + i), dt);
+}
 __device__ __forceinline__ void stf(void* p, int dt, i64 i, float v) {
   if (dt == 0) ((float*)p)[i] = v;
   else if (dt == 1) F16::st((unsigned short*)p, i, v);

@@ -1121,6 +1121,18 @@ extern "C" __global__ void rope_qkv_write(const void* q, void* q_out, i64 hq, co
                   scale, wpos, wpos_kind, wpos_len, b, h, s, t, d, error, tag, heads_last);
 }
 
+// A head row of d channels in row (shared memory, one warp's; the values as stored), RMSNorm'd
+// in place: ss the lane's share of the sum of squares (its channels lane, lane + 32, ..., added
+// in that order), each channel x · inv · w (w + 1 with unit_offset) rounded to dt as rms_norm
+// stores it. Ends with the warp synchronized.
+__device__ __forceinline__ void norm_head_row(float* row, float ss, i64 d, float eps, const void* w, int wdt,
+                                              int unit_offset, int dt) {
+  const float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+  for (i64 j = threadIdx.x & 31; j < d; j += 32)
+    row[j] = round_to(row[j] * inv * (ldf(w, wdt, j) + (unit_offset ? 1.0f : 0.0f)), dt);
+  __syncwarp();
+}
+
 // rope_qkv_write with each query and key head's RMSNorm first (Qwen3's and Gemma 3's q_norm and
 // k_norm over D): q and k arrive before their norms as [B, T, H, D] (at one position that is
 // also [B, H, T, D]); v as rope_qkv_write reads it (heads_last). A warp a head row: its sum of
@@ -1166,11 +1178,7 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
       row[j] = e;
       ss += e * e;
     }
-    const float inv = rsqrtf(warp_sum(ss) / (float)d + (is_q ? qeps : keps));
-    const void* w = is_q ? qw : kw;
-    for (i64 j = lane; j < d; j += 32)
-      row[j] = round_to(row[j] * inv * (ldf(w, wdt, j) + (unit_offset ? 1.0f : 0.0f)), dt);
-    __syncwarp();
+    norm_head_row(row, ss, d, is_q ? qeps : keps, is_q ? qw : kw, wdt, unit_offset, dt);
     const float p = (float)ld_index(pos, pos_kind, pos_batched ? bi * t + ti : ti);
     const i64 out = is_q ? ((bi * hq + hi) * t + ti) * d : at * d;
     for (i64 j = lane; j < d; j += 32) {
@@ -1193,6 +1201,16 @@ extern "C" __global__ void __launch_bounds__(256) rope_qkv_norm_write(
 // tile (threads j and j ^ 1). Each product is rounded to its dtype (with its bias, if any)
 // before it turns, as the unfused rope reads it; positions, frequencies and rounding as rope's.
 // A write position outside the cache flags the error and writes neither cache.
+// With per-head norms (qw non-null; Qwen3's and Gemma 3's q_norm and k_norm, D at most 256),
+// a tile's rows go where the head's turned values will (the queries' buffer, the key cache)
+// as the products are stored, and the block that completes a head (a ticket a q and k head in
+// `tickets`, left at zero) normalizes it there as rope_qkv_norm_write does, then turns it.
+// x, which the compiler cannot see through: a value worked out anew from it is not merged with
+// one worked out before (and so kept live in between).
+__device__ __forceinline__ i64 opaque(i64 x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
 // Where tile `tile` of tc_qgemv3_rope lies: its product (part), its first row there (row0) and
 // the distance from a lane's row a to its row b (tc_qdot's bstride).
 __device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int interleaved, int* part, i64* row0,
@@ -1207,16 +1225,53 @@ __device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int i
   }
   *row0 = r;
 }
+// tc_qgemv3_rope's epilogue with per-head norms, in its first warp: lane c < 16 stores its
+// row's product v (rounded, biased) as channel c of q's head or k's (part 0 or 1), in the
+// queries' buffer y0 or the key cache y1 at position p (where placed); the block that counts
+// the head's last tile normalizes the head there (through shared memory `head`) and turns it.
+__device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float v, void* y0, void* y1, int ydt, i64 n0,
+                                               i64 d, i64 s, i64 p, bool placed, const void* pos, int pos_kind,
+                                               const void* freq, int fdt, int interleaved, float scale,
+                                               const void* qw, const void* kw, int wdt, float qeps, float keps,
+                                               int unit_offset, int* tickets, float* head) {
+  const int lane = threadIdx.x & 31;
+  const i64 hd = row0 / d;
+  void* dst = part == 0 ? y0 : y1;
+  const i64 base = part == 0 ? hd * d : (hd * s + p) * d;
+  if (lane < 16 && (part == 0 || placed)) stf(dst, ydt, base + c, v);
+  __threadfence();
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) {
+    int* ticket = tickets + (part == 0 ? 0 : n0 / d) + hd;
+    last = atomicAdd(ticket, 1) == (int)(d / 16) - 1;
+    if (last) *ticket = 0;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0) || (part == 1 && !placed)) return;
+  __threadfence();
+  float ss = 0.0f;
+  for (i64 j = lane; j < d; j += 32) {
+    const float e = ldf_cg(dst, ydt, base + j);
+    head[j] = e;
+    ss += e * e;
+  }
+  norm_head_row(head, ss, d, part == 0 ? qeps : keps, part == 0 ? qw : kw, wdt, unit_offset, ydt);
+  const float pr = (float)ld_index(pos, pos_kind, 0);
+  for (i64 j = lane; j < d; j += 32)
+    stf(dst, ydt, base + j, rope_turned<i64>([&](i64 i) { return head[i]; }, j, pr, freq, fdt, d, interleaved, scale));
+  __syncwarp();  // the head's readers are done before the block's next head is written
+}
 #define TC_QGEMV3_ROPE(XN, X, SUF, CAP)                                                                               \
   extern "C" __global__ void CAP tc_qgemv3_rope_##XN##_4##SUF(                                                        \
       const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
       const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
       void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
       const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
-      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag) {                                     \
-    __shared__ float sums[16];                                                                                        \
+      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag, const void* qw, const void* kw,       \
+      int wdt, float qeps, float keps, int unit_offset, int* tickets) {                                               \
+    __shared__ float sums[16], head[256];                                                                             \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
-    for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {                                                    \
+    for (int tile = blockIdx.x; tile < (int)tiles; tile += gridDim.x) {                                               \
       {                                                                                                               \
         int part;                                                                                                     \
         i64 row0, stride;                                                                                             \
@@ -1235,7 +1290,8 @@ __device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int i
       __syncwarp();                                                                                                   \
       int part;                                                                                                       \
       i64 row0, stride;                                                                                               \
-      rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                                 \
+      /* (opaque: else ptxas keeps the first place, spilling it, rather than work it out anew) */                     \
+      rope_tile(opaque(tile), n0, n1, d, interleaved, &part, &row0, &stride);                                         \
       const void* b = part == 2 ? b2 : part == 1 ? b1 : b0;                                                           \
       /* Read here, after tc_qdot waited for the kernel ahead (a programmatic launch). */                            \
       const i64 p = ld_index(wpos, wpos_kind, 0);                                                                     \
@@ -1244,6 +1300,11 @@ __device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int i
       const int j = threadIdx.x & 15;                                                                                 \
       const i64 row = row0 + (j < 8 ? j : stride + j - 8);                                                            \
       const float v = round_to(with_bias(sums[j], b, ydt, row), ydt);                                                 \
+      if (qw && part < 2) {                                                                                           \
+        norm_rope_head(part, row0, row % d, v, y0, y1, ydt, n0, d, s, p, placed, pos, pos_kind, freq, fdt,            \
+                       interleaved, scale, qw, kw, wdt, qeps, keps, unit_offset, tickets, head);                      \
+        continue;                                                                                                     \
+      }                                                                                                               \
       const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                           \
       if (threadIdx.x >= 16) continue;                                                                                \
       if (part == 2) {                                                                                                \

@@ -385,17 +385,18 @@ fn qk_norm_step(
 
 /// One decode step of an attention layer from its input: x (or rms_norm(h + d) with `normed`)
 /// through q, k and v products of k values (4-bit at group 64, or dense where `bits` is 0;
-/// with `bias`, each plus a bias vector, as Qwen2's), reshaped to heads and moved to
+/// with `bias`, each plus a bias vector, as Qwen2's), reshaped to heads (with `qk_norm`, q's
+/// and k's heads RMSNorm'd, with the unit offset or not, as Qwen3's and Gemma 3's) and moved to
 /// [1, H, 1, D], then rope (every channel, `interleaved` or not), the cache writes at position
-/// `at` and attention (rope_write_attend). CUDA runs the products, the rope and the writes as
-/// one launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`). Returns
-/// the graph, its inputs (x or h and d, rope positions, write position) and initial caches.
+/// `at` and attention (rope_write_attend). CUDA runs the products, the norms, the rope and the
+/// writes as one launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`). Returns the graph, its inputs (x
+/// or h and d, rope positions, write position) and initial caches.
 #[allow(clippy::type_complexity)]
 fn projected_rope_step(
     dt: mlxcel_core::DType,
     (hq, hkv, d): (usize, usize, usize),
     (k, bits): (usize, u32),
-    (interleaved, normed, bias): (bool, bool, bool),
+    (interleaved, normed, bias, qk_norm): (bool, bool, bool, Option<bool>),
     (at, cap): (usize, usize),
 ) -> (
     mlxcel_core::Graph,
@@ -431,8 +432,13 @@ fn projected_rope_step(
     let heads: Vec<_> = ys
         .iter()
         .zip([hq, hkv, hkv])
-        .map(|(&y, h)| {
-            let y = g.reshape(y, &[1, 1, h, d]).unwrap();
+        .enumerate()
+        .map(|(i, (&y, h))| {
+            let mut y = g.reshape(y, &[1, 1, h, d]).unwrap();
+            if let (Some(unit_offset), true) = (qk_norm, i < 2) {
+                let w = g.parameter("w", HostTensor::from_f32(dt, &[d], &noise(101 + i as u64, d)).unwrap());
+                y = g.rms_norm(y, w, 1e-6, unit_offset).unwrap();
+            }
             g.swap_axes(y, 1, 2).unwrap()
         })
         .collect();
@@ -467,66 +473,89 @@ fn projected_rope_step(
 }
 
 /// The shapes the products-with-rope launch is checked in: (dtype, (hq, hkv, d), (k, bits),
-/// (interleaved, normed, bias), (position, cache length)). 4-bit: 64-wide heads after a norm,
-/// 128-wide with k not a multiple of 256, interleaved 32-wide heads writing the cache's last
-/// slot, Qwen2's biases. Dense: 8, 4 and 2 rows a block (k up to 1024, 2048 and 4096), with
-/// Qwen2's biases and an interleaved rope among them.
+/// (interleaved, normed, bias, qk_norm), (position, cache length)). 4-bit: 64-wide heads after
+/// a norm, 128-wide with k not a multiple of 256, interleaved 32-wide heads writing the cache's
+/// last slot, Qwen2's biases. Dense: 8, 4 and 2 rows a block (k up to 1024, 2048 and 4096),
+/// with Qwen2's biases and an interleaved rope among them. 4-bit with per-head q and k norms:
+/// Qwen3's 128-wide heads after a norm, Gemma's 1 + w over 64-wide heads at the cache's last
+/// slot, interleaved 32-wide heads with biases.
 #[allow(clippy::type_complexity)]
 const PROJECTED_ROPE: [(
     mlxcel_core::DType,
     (usize, usize, usize),
     (usize, u32),
-    (bool, bool, bool),
+    (bool, bool, bool, Option<bool>),
     (usize, usize),
-); 7] = [
+); 10] = [
     (
         mlxcel_core::DType::F16,
         (4, 2, 64),
         (256, 4),
-        (false, true, false),
+        (false, true, false, None),
         (17, 40),
     ),
     (
         mlxcel_core::DType::BF16,
         (4, 2, 128),
         (320, 4),
-        (false, false, false),
+        (false, false, false, None),
         (0, 8),
     ),
     (
         mlxcel_core::DType::F16,
         (6, 2, 32),
         (256, 4),
-        (true, true, false),
+        (true, true, false, None),
         (31, 32),
     ),
     (
         mlxcel_core::DType::BF16,
         (2, 1, 64),
         (512, 4),
-        (false, true, true),
+        (false, true, true, None),
         (5, 12),
     ),
     (
         mlxcel_core::DType::F16,
         (14, 2, 64),
         (896, 0),
-        (false, true, true),
+        (false, true, true, None),
         (9, 16),
     ),
     (
         mlxcel_core::DType::BF16,
         (4, 2, 64),
         (1536, 0),
-        (true, false, false),
+        (true, false, false, None),
         (3, 8),
     ),
     (
         mlxcel_core::DType::F16,
         (2, 1, 128),
         (3072, 0),
-        (false, true, false),
+        (false, true, false, None),
         (7, 8),
+    ),
+    (
+        mlxcel_core::DType::F16,
+        (8, 2, 128),
+        (256, 4),
+        (false, true, false, Some(false)),
+        (9, 24),
+    ),
+    (
+        mlxcel_core::DType::BF16,
+        (4, 2, 64),
+        (320, 4),
+        (false, false, false, Some(true)),
+        (15, 16),
+    ),
+    (
+        mlxcel_core::DType::F16,
+        (6, 2, 32),
+        (256, 4),
+        (true, true, true, Some(false)),
+        (3, 8),
     ),
 ];
 
@@ -538,9 +567,10 @@ fn q_k_v_products_write_the_rope_and_the_caches() {
         let (graph, _, _) = projected_rope_step(dt, heads, k, flags, place);
         let families = CudaBackend::launch_families(&graph).unwrap();
         let launches: usize = families.iter().map(|(_, n)| n).sum();
+        let norms = if flags.3.is_some() { "+qk_norm" } else { "" };
         let fused = families
             .iter()
-            .any(|(f, _)| f.contains("3 products") && f.contains("+rope+kv_write"));
+            .any(|(f, _)| f.contains("3 products") && f.contains(&format!("{norms}+rope+kv_write")));
         assert!(fused && launches == 3, "{dt} {heads:?} {flags:?}: {families:?}");
     }
 }

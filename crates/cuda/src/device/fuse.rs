@@ -55,12 +55,15 @@ pub enum Fused {
     /// `Glu`.
     /// With `rope` (the `RopeQkvWrite` q, k and v of the attention the three products feed, at
     /// one position), the anchor is that rope-and-write's and the launch writes the turned
-    /// queries and both caches instead of the products ([`find_products_rope`]).
+    /// queries and both caches instead of the products ([`find_products_rope`]); `qk_norms`
+    /// the per-head RMSNorms of q and k before their ropes (the rope-and-write's `norms`),
+    /// which the launch applies too.
     Products {
         parts: Vec<usize>,
         biases: Vec<usize>,
         norm: Option<NormIn>,
         rope: Option<[usize; 3]>,
+        qk_norms: Option<[usize; 2]>,
     },
     /// Anchor = the cache write; `rope` the rotation of the keys it writes (read by nothing else).
     RopeKvWrite { rope: usize },
@@ -285,10 +288,20 @@ impl Fusion {
                 },
                 Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
                 // The weights and biases are parameters.
-                Some(Fused::Products { parts, norm, rope, .. }) => {
+                Some(Fused::Products {
+                    parts,
+                    norm,
+                    rope,
+                    qk_norms,
+                    ..
+                }) => {
                     let mut reads = vec![graph.nodes[parts[0]].inputs[0]];
                     if let Some([q, k, v]) = rope {
                         reads.extend(rope_qkv_reads(graph, *q, *k, *v, false));
+                    }
+                    // The norms' weights (their inputs are the products the launch computes).
+                    for n in qk_norms.iter().flatten() {
+                        reads.push(graph.nodes[*n].inputs[1]);
                     }
                     (reads, norm)
                 }
@@ -468,12 +481,13 @@ fn find_rope_qkv(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
 }
 
 /// Moves each decode rope-and-write (`RopeQkvWrite` of batch 1 at one position, every channel
-/// of a head turned, heads a multiple of 16 wide, no per-head norms) into the launch of the
-/// three products it reads: a `Products` of 4-bit tensor-core GEMVs or dense loads-first ones
-/// whose parts (or bias sums) are q, k and v in that order, each read only by its rope or cache
-/// write through reshapes. That launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`) then writes the
-/// turned queries and both caches, at the
-/// rope-and-write's anchor, so the rope-and-write is no launch. Where the products compute their
+/// of a head turned, heads a multiple of 16 wide) into the launch of the three products it
+/// reads: a `Products` of 4-bit tensor-core GEMVs or dense loads-first ones whose parts (or
+/// bias sums) are q, k and v in that order, each read only by its rope (or its per-head norm,
+/// where the rope-and-write took the norms: 4-bit products only, heads at most 256 wide) or
+/// cache write through reshapes. That launch (`tc_qgemv3_rope`, `dsk_gemv3_rope`) then writes
+/// the turned queries and both caches, at the rope-and-write's anchor, so the rope-and-write is
+/// no launch. Where the products compute their
 /// input's add + RMSNorm, nothing may read the sum they write before the new anchor.
 /// `MLXCEL_CUDA_FUSE_PRODUCTS_ROPE=0` turns it off.
 fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
@@ -496,7 +510,7 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             k,
             v,
             heads_last: false,
-            norms: None,
+            norms,
         }) = f.anchored[a]
         else {
             continue;
@@ -506,10 +520,17 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         let Op::Rope { dims, .. } = nq.op else { continue };
         let d = nq.shape[3];
         let one = nq.shape[0] == 1 && nq.shape[2] == 1 && nk.shape[0] == 1 && nk.shape[2] == 1;
-        if !one || dims != d || !d.is_multiple_of(16) {
+        // The launch's finishing warp holds a normalized head in 256 floats (nn.cu).
+        if !one || dims != d || !d.is_multiple_of(16) || norms.is_some() && d > 256 {
             continue;
         }
-        let (Some(sq), Some(sk), Some(sv)) = (source(q, 0), source(rk, 0), source(v, 1)) else {
+        // With the norms folded, q and k reach them (their moves absorbed with them).
+        let (from_q, from_k) = match norms {
+            Some([normq, normk]) => ((normq, 0), (normk, 0)),
+            None => ((q, 0), (rk, 0)),
+        };
+        let (Some(sq), Some(sk), Some(sv)) = (source(from_q.0, from_q.1), source(from_k.0, from_k.1), source(v, 1))
+        else {
             continue;
         };
         // A Products launch runs at its last output (find_products): the last of the three.
@@ -519,6 +540,7 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             biases,
             norm,
             rope: None,
+            ..
         }) = f.anchored[p].clone()
         else {
             continue;
@@ -539,7 +561,7 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             Op::QuantizedMatMul { bits: 4, .. } => {
                 super::launch::tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).is_some()
             }
-            Op::MatMul { transpose_b: true } => {
+            Op::MatMul { transpose_b: true } if norms.is_none() => {
                 super::launch::dense_split(x.dtype, 1, total, kx).is_some_and(|g| g <= 4)
             }
             _ => false,
@@ -556,6 +578,7 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             biases,
             norm,
             rope: Some([q, k, v]),
+            qk_norms: norms,
         });
     }
 }
@@ -840,6 +863,7 @@ fn find_products(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
                 biases,
                 norm: None,
                 rope: None,
+                qk_norms: None,
             });
         }
     }
@@ -1432,14 +1456,16 @@ mod tests {
     /// A decode attention's q, k and v as a model builds them: three 4-bit products of one x
     /// (16-wide heads: 2 query heads, 1 kv head), reshaped to [1, H, 1, D], the ropes over
     /// `dims`, the cache writes, attention. `read_k` also reads the keys' product elsewhere.
-    fn projected_rope_qkv(dims: usize, read_k: bool) -> (Graph, [usize; 7]) {
+    fn projected_rope_qkv(dims: usize, read_k: bool, qk_norm: bool) -> (Graph, [usize; 7]) {
         let (k, d) = (64, 16);
         let mut b = GraphBuilder::default();
         let x = b.input("x", DType::F16, &[1, 1, k]);
         let pos = b.input("pos", DType::I32, &[1]);
         let at = b.input("at", DType::I32, &[]);
         let len = b.input("len", DType::I32, &[]);
-        let ys: Vec<NodeId> = [2usize, 1, 1]
+        // Two kv heads with the norms: a [1, 1, 1, D] head's move to [1, 1, 1, D] is no node.
+        let kv = if qk_norm { 2 } else { 1 };
+        let ys: Vec<NodeId> = [2usize, kv, kv]
             .iter()
             .map(|&h| {
                 let (q, s, z) = zero_weights(&mut b, &[h * d], k);
@@ -1449,9 +1475,14 @@ mod tests {
         let parts: Vec<usize> = ys.iter().map(|y| y.index()).collect();
         let heads: Vec<NodeId> = ys
             .iter()
-            .zip([2usize, 1, 1])
-            .map(|(&y, h)| {
-                let y4 = b.reshape(y, &[1, 1, h, d]).unwrap();
+            .zip([2usize, kv, kv])
+            .enumerate()
+            .map(|(i, (&y, h))| {
+                let mut y4 = b.reshape(y, &[1, 1, h, d]).unwrap();
+                if qk_norm && i < 2 {
+                    let w = b.parameter("w", HostTensor::from_f32(DType::F16, &[d], &[1.0; 16]).unwrap());
+                    y4 = b.rms_norm(y4, w, 1e-6, false).unwrap();
+                }
                 b.reshape(y4, &[1, h, 1, d]).unwrap()
             })
             .collect();
@@ -1460,8 +1491,8 @@ mod tests {
             b.constant(HostTensor::from_f32(DType::F32, &[dims / 2], &vec![0.5; dims / 2]).unwrap())
         };
         let (fq, fk) = (freqs(&mut b), freqs(&mut b));
-        let kc = b.state("k_cache", DType::F16, &[1, 1, 4, d]);
-        let vc = b.state("v_cache", DType::F16, &[1, 1, 4, d]);
+        let kc = b.state("k_cache", DType::F16, &[1, kv, 4, d]);
+        let vc = b.state("v_cache", DType::F16, &[1, kv, 4, d]);
         let rq = b.rope(heads[0], pos, fq, dims, false, 1.0).unwrap();
         let rk = b.rope(heads[1], pos, fk, dims, false, 1.0).unwrap();
         let wk = b.kv_write(kc, rk, at).unwrap();
@@ -1482,7 +1513,7 @@ mod tests {
 
     #[test]
     fn q_k_v_products_take_their_rope_and_cache_writes() {
-        let (graph, [pq, pk, pv, rq, rk, wk, wv]) = projected_rope_qkv(16, false);
+        let (graph, [pq, pk, pv, rq, rk, wk, wv]) = projected_rope_qkv(16, false, false);
         let f = Fusion::find(&graph);
         match &f.anchored[wv] {
             Some(Fused::Products {
@@ -1503,8 +1534,8 @@ mod tests {
         std::env::set_var("MLXCEL_CUDA_FUSE_PRODUCTS_ROPE", "0");
         let off = Fusion::find(&graph);
         std::env::remove_var("MLXCEL_CUDA_FUSE_PRODUCTS_ROPE");
-        let (partial, [_, _, pv2, _, _, _, wv2]) = projected_rope_qkv(8, false);
-        let (read, [_, _, pv3, _, _, _, wv3]) = projected_rope_qkv(16, true);
+        let (partial, [_, _, pv2, _, _, _, wv2]) = projected_rope_qkv(8, false, false);
+        let (read, [_, _, pv3, _, _, _, wv3]) = projected_rope_qkv(16, true, false);
         for (f, wv, pv) in [(off, wv, pv), (Fusion::find(&partial), wv2, pv2)] {
             assert!(matches!(f.anchored[wv], Some(Fused::RopeQkvWrite { .. })));
             assert!(matches!(f.anchored[pv], Some(Fused::Products { rope: None, .. })));
@@ -1512,6 +1543,27 @@ mod tests {
         let f = Fusion::find(&read);
         assert!(matches!(f.anchored[wv3], Some(Fused::RopeQkvWrite { .. })));
         assert!(matches!(f.anchored[pv3], Some(Fused::Products { rope: None, .. })));
+        // Per-head q and k norms (Qwen3's) go with the rope into the products' launch.
+        let (normed, [pq, pk, pv, rq, _, wk, wv]) = projected_rope_qkv(16, false, true);
+        let f = Fusion::find(&normed);
+        let input = |j: usize, slot: usize| normed.nodes[j].inputs[slot].index();
+        // Each rope reads its move to [1, H, 1, D], which reads the norm.
+        let norms = |rope: usize| input(input(rope, 0), 0);
+        match &f.anchored[wv] {
+            Some(Fused::Products {
+                parts,
+                rope: Some(rope),
+                qk_norms: Some(qk),
+                ..
+            }) => {
+                assert_eq!(parts, &[pq, pk, pv]);
+                assert_eq!(rope, &[rq, wk, wv]);
+                let rk = input(wk, 1);
+                assert_eq!(qk, &[norms(rq), norms(rk)]);
+            }
+            other => panic!("expected the products with the norms and rope, got {other:?}"),
+        }
+        assert!(f.anchored[pv].is_none() && f.absorbed[pv]);
     }
 
     /// A prefill's q, k and v come as [B, T, H, D] and reach rope and the cache writes through

@@ -1535,12 +1535,23 @@ pub(crate) fn fused(
             biases,
             norm,
             rope: Some(rope),
-        } => products_rope(gpu, graph, parts, biases, norm, *rope, &at, error, tag),
+            qk_norms,
+        } => products_rope(
+            gpu,
+            graph,
+            (parts, biases, norm),
+            (*rope, *qk_norms),
+            &at,
+            scratch,
+            error,
+            tag,
+        ),
         Fused::Products {
             parts,
             biases,
             norm,
             rope: None,
+            ..
         } => {
             let first = &graph.nodes[parts[0]];
             let x = graph.node(first.inputs[0]);
@@ -1655,19 +1666,19 @@ fn product_bias_args(graph: &Graph, parts: &[usize], biases: &[usize], at: &dyn 
 
 /// The launch of q, k and v's 4-bit products with their rope and cache writes (fuse.rs
 /// `find_products_rope`; nn.cu `tc_qgemv3_rope`): tc_qgemv3's arguments with the turned queries'
-/// buffer and the two caches as its outputs, then the rope's and the writes'; or the same for
-/// dense weights on the loads-first GEMV (`dsk_gemv3_rope`). Always the row-major 4-bit
-/// weights, one chunk in flight a warp: its tiles pair rows the tile-packed layout and the ring
-/// do not.
-#[allow(clippy::too_many_arguments)]
+/// buffer and the two caches as its outputs, then the rope's and the writes', then the per-head
+/// norms' (`qk_norms`; null weights without) and their tickets (`scratch`, fused_scratch); or
+/// the same without norms for dense weights on the loads-first GEMV (`dsk_gemv3_rope`). Always
+/// the row-major 4-bit weights, one chunk in flight a warp: its tiles pair rows the tile-packed
+/// layout and the ring do not.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn products_rope(
     gpu: &Gpu,
     graph: &Graph,
-    parts: &[usize],
-    biases: &[usize],
-    norm: &Option<super::fuse::NormIn>,
-    [q, k, v]: [usize; 3],
+    (parts, biases, norm): (&[usize], &[usize], &Option<super::fuse::NormIn>),
+    ([q, k, v], qk_norms): ([usize; 3], Option<[usize; 2]>),
     at: &dyn Fn(usize) -> u64,
+    scratch: u64,
     error: u64,
     tag: i32,
 ) -> Result<()> {
@@ -1726,10 +1737,44 @@ fn products_rope(
         I32(tag),
     ]);
     if let Some(g) = dense {
+        if qk_norms.is_some() {
+            return Err(Error::Backend(
+                "q, k and v with rope: dense products take no per-head norms".into(),
+            ));
+        }
         let smem = norm_staging(norm, kx, "q, k and v with rope")?;
         let w = fsuffix(graph.node(first.inputs[1]).dtype)?;
         let name = intern(format!("dsk_gemv3_rope_{}_{w}", fsuffix(x.dtype)?));
         return gpu.launch(name, dsk_blocks(total, g), DSK_THREADS, smem, &args);
+    }
+    match qk_norms {
+        Some([nq, nk]) => {
+            let (
+                Op::RmsNorm {
+                    eps: q_eps,
+                    unit_offset,
+                },
+                Op::RmsNorm { eps: k_eps, .. },
+            ) = (&graph.nodes[nq].op, &graph.nodes[nk].op)
+            else {
+                unreachable!("the folded norms are RMSNorms")
+            };
+            if scratch == 0 {
+                return Err(Error::Backend(
+                    "q, k and v with rope and norms: launched without its tickets".into(),
+                ));
+            }
+            args.extend([
+                Ptr(at(input(nq, 1))),
+                Ptr(at(input(nk, 1))),
+                I32(fcode(graph.node(graph.nodes[nq].inputs[1]).dtype)?),
+                F32(*q_eps),
+                F32(*k_eps),
+                I32(i32::from(*unit_offset)),
+                Ptr(scratch),
+            ]);
+        }
+        None => args.extend([Ptr(0), Ptr(0), I32(0), F32(0.0), F32(0.0), I32(0), Ptr(0)]),
     }
     let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
     let l = GemvLaunch {
@@ -2843,6 +2888,22 @@ fn argmax_parts(graph: &Graph, i: usize) -> Option<(usize, usize)> {
     };
     let (rows, len, inner) = dims(&graph.node(node.inputs[0]).shape, axis);
     (inner == 1 && len >= 8192 && len < u32::MAX as usize).then(|| (rows, (len / 2048).clamp(2, 128)))
+}
+
+/// Bytes of scratch the fused launch anchored at a node keeps: the tickets of q, k and v's
+/// products with their rope and per-head norms (a zeroed count a q and k head, which the
+/// launch leaves at zero; nn.cu `tc_qgemv3_rope`).
+pub(crate) fn fused_scratch(graph: &Graph, fused: &super::fuse::Fused) -> Option<usize> {
+    let super::fuse::Fused::Products {
+        rope: Some([q, k, _]),
+        qk_norms: Some(_),
+        ..
+    } = fused
+    else {
+        return None;
+    };
+    let heads = graph.nodes[*q].shape[1] + graph.nodes[*k].shape[1];
+    Some(heads * 4)
 }
 
 /// Bytes of scratch node `i` keeps for partial results: decode attention's splits, a long

@@ -654,7 +654,10 @@ impl Session for CudaSession {
                 }
                 _ => {}
             }
-            if let Some(bytes) = launch::partials_scratch(graph, i) {
+            let fused_bytes = fusion.anchored[i]
+                .as_ref()
+                .and_then(|f| launch::fused_scratch(graph, f));
+            if let Some(bytes) = launch::partials_scratch(graph, i).or(fused_bytes) {
                 let buf = self.gpu.alloc(bytes)?;
                 scratch.insert(i, self.gpu.ptr(&buf));
                 scratch_bufs.push(buf);

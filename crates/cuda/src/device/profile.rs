@@ -144,17 +144,18 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
             biases,
             norm,
             rope,
+            qk_norms,
         }) => {
             let pre = normed(norm);
-            let post = match (biases.is_empty(), rope.is_some()) {
-                (true, false) => "",
-                (false, false) => "+bias",
-                (true, true) => "+rope+kv_write",
-                (false, true) => "+bias+rope+kv_write",
+            let bias = if biases.is_empty() { "" } else { "+bias" };
+            let post = match (rope.is_some(), qk_norms.is_some()) {
+                (false, _) => "",
+                (true, false) => "+rope+kv_write",
+                (true, true) => "+qk_norm+rope+kv_write",
             };
             let last = *parts.last().expect("fused products have parts");
             return format!(
-                "fused {pre}{} products{post} ({})",
+                "fused {pre}{} products{bias}{post} ({})",
                 parts.len(),
                 family(graph, last, None)
             );
