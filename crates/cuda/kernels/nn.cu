@@ -1326,6 +1326,108 @@ TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP)
 TC_QGEMV3_ROPE(f16, F16, _r0, )
 TC_QGEMV3_ROPE(bf16, BF16, _r0, )
 
+// Thread-block clusters (sm_90): this block's rank in its cluster, a barrier of every thread of
+// the cluster (release and acquire: shared memory written before it is seen after it), and a
+// float of block `rank`'s shared memory at the address of p in this block's.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+  float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+  unsigned a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+  return v;
+}
+
+// tc_qgemv3_rope with per-head q and k norms, a head's tiles in one thread-block cluster: launched
+// with a block a tile (tc_qgemv3_rope's tiles and pairs) and clusters of D / 16 blocks (at most
+// 8), so cluster c holds head c's tiles (the v tiles' clusters only write). Each block of a q or
+// k head puts its 16 rounded products' sum of squares in shared memory; after a cluster barrier
+// every block of the head adds the head's sums in rank order (the same in each), normalizes its
+// rows as rms_norm stores them (x · inv · w, w + 1 with unit_offset), turns them with their
+// partners and writes them; a second barrier keeps each block's sums until all have read them.
+// No ticket and no second trip to memory (tc_qgemv3_rope's with `tickets`).
+#define TC_QGEMV3_NORM_ROPE(XN, X, SUF, CAP)                                                                          \
+  extern "C" __global__ void CAP tc_qgemv3_nrope_##XN##_4##SUF(                                                       \
+      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
+      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
+      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
+      const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
+      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag, const void* qw, const void* kw,       \
+      int wdt, float qeps, float keps, int unit_offset, int* tickets) {                                               \
+    __shared__ float sums[16], tile_ss;                                                                               \
+    const int tile = blockIdx.x;                                                                                      \
+    {                                                                                                                 \
+      int part;                                                                                                       \
+      i64 row0, stride;                                                                                               \
+      rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                                 \
+      const unsigned* w = part == 2 ? w2 : part == 1 ? w1 : w0;                                                       \
+      const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                          \
+      const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                           \
+      float out[1] = {0.0f};                                                                                          \
+      tc_qdot<X, 1>(x, NORM_IN, true, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out,    \
+                    stride);                                                                                          \
+      if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                               \
+    }                                                                                                                 \
+    int part;                                                                                                         \
+    i64 row0, stride;                                                                                                 \
+    rope_tile(opaque(tile), n0, n1, d, interleaved, &part, &row0, &stride);                                           \
+    const int j = threadIdx.x & 15;                                                                                   \
+    const i64 row = row0 + (j < 8 ? j : stride + j - 8);                                                              \
+    float v = 0.0f;                                                                                                   \
+    __syncthreads();                                                                                                  \
+    if (threadIdx.x < 32) {                                                                                           \
+      v = round_to(with_bias(sums[j], part == 2 ? b2 : part == 1 ? b1 : b0, ydt, row), ydt);                          \
+      float sq = v * v;                                                                                               \
+      for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);                                     \
+      if (threadIdx.x == 0) tile_ss = sq;                                                                             \
+    }                                                                                                                 \
+    cluster_sync();                                                                                                   \
+    if (threadIdx.x < 32) {                                                                                           \
+      /* Read here, after tc_qdot waited for the kernel ahead (a programmatic launch). */                            \
+      const i64 p = ld_index(wpos, wpos_kind, 0);                                                                     \
+      const bool placed = p >= 0 && p < s;                                                                            \
+      if (!placed && tile == 0 && threadIdx.x == 0) atomicCAS(error, 0, tag);                                         \
+      if (part < 2) {                                                                                                 \
+        float total = 0.0f;                                                                                           \
+        for (unsigned r = 0; r < (unsigned)(d / 16); r++) total += ld_cluster(&tile_ss, r);                           \
+        const float inv = rsqrtf(total / (float)d + (part == 0 ? qeps : keps));                                       \
+        const i64 c = row % d, half = d / 2;                                                                          \
+        v = round_to(v * inv * (ldf(part == 0 ? qw : kw, wdt, c) + (unit_offset ? 1.0f : 0.0f)), ydt);                \
+        const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                         \
+        const bool first = interleaved ? (c & 1) == 0 : c < half;                                                     \
+        float sn, cs;                                                                                                 \
+        sincosf((float)ld_index(pos, pos_kind, 0) * scale *                                                           \
+                    ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half),                                       \
+                &sn, &cs);                                                                                            \
+        const float r = first ? v * cs - u * sn : u * sn + v * cs;                                                    \
+        if (threadIdx.x < 16) {                                                                                       \
+          if (part == 0) stf(y0, ydt, row, r);                                                                        \
+          else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);                                                \
+        }                                                                                                             \
+      } else if (threadIdx.x < 16 && placed) {                                                                        \
+        stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);                                                          \
+      }                                                                                                               \
+    }                                                                                                                 \
+    cluster_sync(); /* the cluster's sums stay until every block has read them */                                    \
+  }
+TC_QGEMV3_NORM_ROPE(f16, F16, , TC_GEMV_CAP)
+TC_QGEMV3_NORM_ROPE(bf16, BF16, , TC_GEMV_CAP)
+TC_QGEMV3_NORM_ROPE(f16, F16, _r0, )
+TC_QGEMV3_NORM_ROPE(bf16, BF16, _r0, )
+
 // dsk_gemv3's three dense products of one row (q, k and v; its parameters and meaning) with
 // tc_qgemv3_rope's rope and cache writes in the epilogue (its parameters after dsk_gemv3's).
 // A block's sets of a turned product are whole pairs: sets 2m and 2m + 1 take rows

@@ -1777,11 +1777,30 @@ fn products_rope(
         None => args.extend([Ptr(0), Ptr(0), I32(0), F32(0.0), F32(0.0), I32(0), Ptr(0)]),
     }
     let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
+    // With the norms, a head's tiles in one cluster (nn.cu tc_qgemv3_nrope) where it fits one
+    // (8 blocks at most: heads up to 128 wide), else tickets.
+    let cluster = (d / 16) as u32;
+    if qk_norms.is_some() && cluster <= 8 && gpu.clusters() && qk_norm_clusters() {
+        let l = GemvLaunch {
+            name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_nrope_", 1)),
+            grid: (total / 16) as u32,
+            ..l
+        };
+        return gpu.launch_gemv_clusters(&l, cluster, &args);
+    }
     let l = GemvLaunch {
         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),
         ..l
     };
     gpu.launch_gemv(&l, &args)
+}
+
+/// Whether q, k and v's products with their per-head norms run a head's tiles in a cluster
+/// (`tc_qgemv3_nrope`), where the device has clusters; `MLXCEL_CUDA_QK_NORM_CLUSTER=0` takes
+/// the tickets instead (`tc_qgemv3_rope`).
+fn qk_norm_clusters() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch(&ON, "MLXCEL_CUDA_QK_NORM_CLUSTER", true)
 }
 
 /// Warps a block of the loads-first dense GEMVs (gemv.cu's DSK_WARPS, which must agree), and

@@ -168,6 +168,8 @@ pub struct Gpu {
     funcs: std::sync::Mutex<HashMap<&'static str, CudaFunction>>,
     /// Streaming multiprocessors of the device.
     sms: u32,
+    /// Whether the device launches thread-block clusters (compute capability 9.0 and up).
+    clusters: bool,
     /// Tile-packed copies of 4-bit weights, scales and biases (`MLXCEL_TC_PACK=1`, pack.rs) by
     /// the device address of the row-major upload they copy; a session removes its own when it
     /// ends, before its buffers are freed.
@@ -225,6 +227,7 @@ impl Gpu {
             module,
             funcs: Default::default(),
             sms,
+            clusters: major >= 9,
             packed: Default::default(),
         }))
     }
@@ -899,11 +902,45 @@ impl Gpu {
         Ok((per_sm * self.sms).max(1))
     }
 
+    /// Whether the device launches thread-block clusters ([`Gpu::launch_gemv_clusters`]).
+    pub(crate) fn clusters(&self) -> bool {
+        self.clusters
+    }
+
+    /// A tensor-core GEMV launch of a block a tile (`l.grid`) in thread-block clusters of
+    /// `cluster` blocks (nn.cu `tc_qgemv3_nrope`), programmatic as [`Gpu::launch_gemv`] decides.
+    pub(crate) fn launch_gemv_clusters(&self, l: &launch::GemvLaunch, cluster: u32, args: &[Arg]) -> Result<()> {
+        if !self.clusters || cluster == 0 || !l.grid.is_multiple_of(cluster) {
+            return Err(Error::Backend(format!(
+                "{}: {} blocks in clusters of {cluster} on this device",
+                l.name, l.grid
+            )));
+        }
+        self.launch_ex(l.name, l.grid, l.block, l.smem, args, programmatic(l.weights), cluster)
+    }
+
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
     /// before it in the stream (or the captured graph) drains, so it must wait for that one
     /// (gemv.cu's tensor-core GEMVs: `pdl_wait` after requesting their first weights) before it
     /// reads what earlier kernels wrote or writes anything. Scalar and pointer arguments only.
     fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_ex(name, grid, block, smem, args, true, 1)
+    }
+
+    /// A launch through cuLaunchKernelEx: programmatic (see [`Gpu::launch_programmatic`]) or
+    /// not, in clusters of `cluster` blocks where that is above 1. Scalar and pointer arguments
+    /// only.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_ex(
+        &self,
+        name: &'static str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+        programmatic: bool,
+        cluster: u32,
+    ) -> Result<()> {
         use cudarc::driver::sys;
         let f = self.func(name)?;
         allow_shared(&f, name, smem)?;
@@ -920,10 +957,23 @@ impl Gpu {
                 ))),
             })
             .collect::<Result<Vec<_>>>()?;
-        // SAFETY: a zeroed attribute is valid plain data; id and value are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        // SAFETY: a zeroed attribute is valid plain data; ids and values are set below.
+        let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::new();
+        if programmatic {
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(attr);
+        }
+        if cluster > 1 {
+            // SAFETY: as above.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = cluster;
+            attr.value.clusterDim.y = 1;
+            attr.value.clusterDim.z = 1;
+            attrs.push(attr);
+        }
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.max(1),
             gridDimY: 1,
@@ -933,12 +983,12 @@ impl Gpu {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         self.stream.context().bind_to_thread().map_err(driver_err)?;
         // SAFETY: as in launch_grid: the parameter list matches the kernel's (launch.rs), every
-        // pointer names a live buffer; params, attr and cfg outlive the call.
+        // pointer names a live buffer; params, attrs and cfg outlive the call.
         unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))
