@@ -9,7 +9,8 @@
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache, and with the queries'
 //!   rope and the values' cache write of the same attention, all three as one launch;
 //! - a MoE router after its product (softmax, top-k, the chosen probabilities, their
-//!   renormalization): one launch writing the ids and the weights;
+//!   renormalization): one launch writing the ids and the weights; at one row, with the
+//!   router's quantized product too (a thread-block cluster);
 //! - the routed experts' outputs times their router weights, summed over the experts;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
@@ -17,7 +18,8 @@
 //!   (Qwen2's q, k and v) added as the launch writes it;
 //! - an attention's three 4-bit or dense products (q, k and v, batch 1 at one position) and
 //!   the rope-and-write that reads them: one launch that writes the turned queries and both
-//!   caches;
+//!   caches; for 4-bit products, with the per-head q and k norms between (Qwen3's, Gemma 3's;
+//!   a head's tiles in a thread-block cluster);
 //! - `rms_norm(a + b)` read only by one GEMV launch that stages x (fused products or GLU, 4-bit
 //!   on tensor cores or dense 16-bit): the GEMV computes its input itself while staging it, and
 //!   writes the sum, so the norm is no launch;
