@@ -201,14 +201,19 @@ extern "C" __global__ void sample_categorical(const void* logits, int dt, i64 vo
 // a butterfly over the 8 warps' sums), so the ids and weights equal the unfused graph's.
 // `keyed`: the branch-free selection (warp_select_key; the default, MLXCEL_ROUTE_KEYED=0 for the
 // comparison-based one).
-// moe_route's work on one row, in one warp: lane l holds scores l, l + 32, ... in v (-inf past
-// E).
-__device__ __forceinline__ void route_row(float (&v)[8], int dt, i64 row, i64 e, i64 k, int high, int renorm,
-                                          unsigned* ids, void* weights, int keyed) {
+extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
+                                     unsigned* ids, void* weights, int keyed) {
+  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float v[8];
   float m = -INFINITY;
 #pragma unroll
-  for (int t = 0; t < 8; t++) m = fmaxf(m, v[t]);
+  for (int t = 0; t < 8; t++) {
+    const i64 i = lane + 32 * t;
+    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
+    m = fmaxf(m, v[t]);
+  }
   m = warp_max(m);
   // Element 32t + lane is thread 32t + lane's one value in the plain softmax: warp t's sum.
   float part[8];
@@ -237,58 +242,3 @@ __device__ __forceinline__ void route_row(float (&v)[8], int dt, i64 row, i64 e,
   const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);
   if (renorm && lane < k) stf(weights, dt, row * k + lane, chosen / total);
 }
-
-extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e, i64 k, int high, int renorm,
-                                     unsigned* ids, void* weights, int keyed) {
-  const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  float v[8];
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    const i64 i = lane + 32 * t;
-    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
-  }
-  route_row(v, dt, row, e, k, high, renorm, ids, weights, keyed);
-}
-
-// A MoE router's one-row product and its routing as one launch (fuse.rs: a Router with its
-// product): a thread-block cluster of 8 blocks (grid 8), block b the scores of experts
-// [b · per, b · per + per), per = ceil(E / 8), a warp an expert at a time (at most 512 threads),
-// each rounded to dt as the product stores it and kept in its block's shared memory (qdot, as
-// qgemv computes a row from x unstaged); after a cluster
-// barrier, block 0's first warp gathers the E scores through distributed shared memory and
-// routes them as moe_route does; a second barrier keeps the scores until it has. E <= 256.
-#define MOE_ROUTER_CL(XN, X, BITS)                                                                                    \
-  extern "C" __global__ void __launch_bounds__(512) moe_router_cl_##XN##_##BITS(                                      \
-      const void* x, const unsigned* w, const void* s,                                                                \
-                                                         const void* z, int sdt, i64 kx, int group, int dt, i64 e,    \
-                                                         i64 k, int high, int renorm, unsigned* ids, void* weights,   \
-                                                         int keyed) {                                                 \
-    __shared__ float scores[32];                                                                                      \
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, per = (int)((e + 7) / 8);                             \
-    for (int c = warp; c < per; c += blockDim.x >> 5) {                                                               \
-      const i64 col = (i64)blockIdx.x * per + c;                                                                      \
-      if (col >= e) break;                                                                                            \
-      float acc[1] = {0.0f};                                                                                          \
-      qdot<X, BITS, 1, 1>((const typename X::T*)x, 1, kx, w, s, z, sdt, col, e, group, acc, nullptr);                 \
-      const float v = warp_sum(acc[0]);                                                                               \
-      if (lane == 0) scores[c] = round_to(v, dt);                                                                     \
-    }                                                                                                                 \
-    cluster_sync();                                                                                                   \
-    if (blockIdx.x == 0 && warp == 0) {                                                                               \
-      float v[8];                                                                                                     \
-      _Pragma("unroll") for (int t = 0; t < 8; t++) {                                                                 \
-        const int i = lane + 32 * t;                                                                                  \
-        v[t] = i < e ? ld_cluster(&scores[i % per], (unsigned)(i / per)) : -INFINITY;                                 \
-      }                                                                                                               \
-      route_row(v, dt, 0, e, k, high, renorm, ids, weights, keyed);                                                   \
-    }                                                                                                                 \
-    cluster_sync();                                                                                                   \
-  }
-MOE_ROUTER_CL(f32, F32, 4)
-MOE_ROUTER_CL(f32, F32, 8)
-MOE_ROUTER_CL(f16, F16, 4)
-MOE_ROUTER_CL(f16, F16, 8)
-MOE_ROUTER_CL(bf16, BF16, 4)
-MOE_ROUTER_CL(bf16, BF16, 8)

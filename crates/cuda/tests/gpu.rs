@@ -905,65 +905,6 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
         });
     }
-    // The router with its one-row product (8-bit, and 4-bit) as one launch (a cluster). The
-    // values make every step exact in f32 on both backends (x and the dequantized weights
-    // dyadic, few nonzero x), so the logits are one value each and ties among them are real
-    // ties: the ids must agree exactly.
-    for (act, bits, group, (e, top), k, renorm, high) in [
-        (DType::F16, 8u32, 64usize, (128usize, 8usize), 1024usize, true, true),
-        (DType::BF16, 8, 64, (128, 8), 2048, true, true),
-        (DType::F16, 4, 32, (60, 4), 512, false, false),
-        (DType::BF16, 8, 128, (20, 20), 256, true, false),
-        (DType::F16, 4, 64, (256, 8), 512, true, true),
-    ] {
-        let mut b = GraphBuilder::default();
-        let mut rng = mlxcel_core::rng::SplitMix64(70 + bits as u64 + k as u64);
-        // Sixty-four nonzero values of x, multiples of 1/8 in [-1, 1].
-        let sparse: Vec<f32> = (0..k)
-            .map(|j| {
-                if j % (k / 64) == 3 {
-                    (rng.next_u64() % 17) as f32 / 8.0 - 1.0
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let x = b.input("x", act, &[1, 1, k]);
-        // Levels at random, scale 4/2^bits and bias -2: dequantized weights multiples of 1/64.
-        let per = 32 / bits as usize;
-        let mut packed = vec![0u32; e * k / per];
-        for j in 0..e * k {
-            let level = (rng.next_u64() % (1 << bits)) as u32;
-            packed[j / per] |= level << ((j % per) as u32 * bits);
-        }
-        let groups = e * k / group;
-        let q = b.parameter("q", HostTensor::from_slice(&[e, k / per], &packed).unwrap());
-        let scale = 4.0 / (1u32 << bits) as f32;
-        let sc = b.parameter(
-            "s",
-            HostTensor::from_f32(act, &[e, k / group], &vec![scale; groups]).unwrap(),
-        );
-        let bi = b.parameter(
-            "z",
-            HostTensor::from_f32(act, &[e, k / group], &vec![-2.0; groups]).unwrap(),
-        );
-        let logits = b.quantized_matmul(x, q, sc, bi, bits, group).unwrap();
-        let probs = b.softmax(logits, -1).unwrap();
-        let ids = b.topk_ties(probs, top, high).unwrap();
-        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
-        if renorm {
-            let total = b.sum(w, -1, true).unwrap();
-            w = b.div(w, total).unwrap();
-        }
-        let graph = one_launch(&b.finish(&[ids, w]), "the router with its product");
-        cases.push(OpCase {
-            name: format!("fused moe router+product {act} bits {bits} group {group} experts {e} top {top} k {k}"),
-            graph,
-            inputs: vec![HostTensor::from_f32(act, &[1, 1, k], &sparse).unwrap()],
-            states: vec![],
-            tolerance: vec![Tolerance::for_dtype(DType::U32), Tolerance::for_dtype(act)],
-        });
-    }
     // MoE's combine: k experts' outputs times their weights, summed (one launch), for decode
     // and for a prefill chunk (a thread an output, or 8 of them for k <= 8 and d a multiple of 8).
     for (act, rows, k, d) in [

@@ -9,8 +9,7 @@
 //! - `kv_write(cache, rope(k))`: the keys rotated straight into the cache, and with the queries'
 //!   rope and the values' cache write of the same attention, all three as one launch;
 //! - a MoE router after its product (softmax, top-k, the chosen probabilities, their
-//!   renormalization): one launch writing the ids and the weights; at one row, with the
-//!   router's quantized product too (a thread-block cluster);
+//!   renormalization): one launch writing the ids and the weights;
 //! - the routed experts' outputs times their router weights, summed over the experts;
 //! - up to three one-row products of the same x (attention's q, k and v), 4-bit or dense 16-bit:
 //!   one GEMV launch over all their rows (tensor cores for 4-bit), so the narrow k and v products
@@ -95,15 +94,7 @@ pub enum Fused {
     /// Anchor = the router's weights: the take_along of `softmax`'s probabilities at `topk`'s
     /// ids, or (`renorm`) those divided by their sum; softmax, top-k, gather and sum in the
     /// anchor's launch, which writes the ids too.
-    /// `product`: the one-row quantized product making the logits, which the launch computes
-    /// too (`moe_router_cl`: a thread-block cluster; the product keeps its buffer for the
-    /// launch that runs it apart where the device has no clusters).
-    Router {
-        softmax: usize,
-        topk: usize,
-        renorm: bool,
-        product: Option<usize>,
-    },
+    Router { softmax: usize, topk: usize, renorm: bool },
     /// Anchor = a sum over the middle axis of `mul` = y [.., k, d] · broadcast(w [.., k, 1])
     /// (MoE's combine of its experts' outputs with the router weights): one launch.
     WeightedSum { mul: usize, y: NodeId, w: NodeId },
@@ -316,14 +307,7 @@ impl Fusion {
                     (reads, norm)
                 }
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
-                // With its product, the product's inputs too.
-                Some(Fused::Router { softmax, product, .. }) => {
-                    let mut reads = graph.nodes[*softmax].inputs.clone();
-                    if let Some(p) = product {
-                        reads.extend(graph.nodes[*p].inputs.iter().copied());
-                    }
-                    (reads, &None)
-                }
+                Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
                 Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
                 Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
@@ -713,51 +697,12 @@ fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         for j in [Some(sm), Some(t), Some(g), sum, spread].into_iter().flatten() {
             f.absorbed[j] = j != anchor;
         }
-        let product = router_product(graph, consumers, f, sm);
-        if let Some(p) = product {
-            f.absorbed[p] = true;
-        }
         f.anchored[anchor] = Some(Fused::Router {
             softmax: sm,
             topk: t,
             renorm: renorm.is_some(),
-            product,
         });
     }
-}
-
-/// The one-row product making router `softmax`'s logits (read by nothing else), which the
-/// router's launch computes too: 4- or 8-bit weights held as parameters, groups of 32, 64 or
-/// 128, scales and biases of one dtype, the logits in the router's dtype.
-/// `MLXCEL_CUDA_FUSE_ROUTER_PRODUCT=0` leaves the product as its own launch.
-fn router_product(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, sm: usize) -> Option<usize> {
-    if std::env::var("MLXCEL_CUDA_FUSE_ROUTER_PRODUCT").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let p = graph.nodes[sm].inputs[0].index();
-    let node = &graph.nodes[p];
-    let Op::QuantizedMatMul { bits, group_size } = node.op else {
-        return None;
-    };
-    let x = graph.node(node.inputs[0]);
-    let k = *x.shape.last()?;
-    let one_row = x.shape.iter().product::<usize>() == k;
-    let resident = node.inputs[1..]
-        .iter()
-        .all(|&w| matches!(graph.node(w).op, Op::Parameter { .. }));
-    let ok = matches!(bits, 4 | 8)
-        && matches!(group_size, 32 | 64 | 128)
-        && k.is_multiple_of(group_size)
-        && k.is_multiple_of(128 / bits as usize)
-        && one_row
-        && resident
-        && matches!(x.dtype, DType::F16 | DType::BF16 | DType::F32)
-        && node.dtype == graph.nodes[sm].dtype
-        && graph.node(node.inputs[2]).dtype == graph.node(node.inputs[3]).dtype
-        && consumers[p] == [sm]
-        && !f.absorbed[p]
-        && f.anchored[p].is_none();
-    ok.then_some(p)
 }
 
 /// Finds `sum(y · broadcast(w), axis -2)` with y [.., k, d], w [.., k, 1], k <= 32, one float

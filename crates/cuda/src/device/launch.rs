@@ -1364,20 +1364,17 @@ pub(crate) fn fused(
             args.extend(cache_write_place(graph, i, &r.shape, at(input(i, 2)), error, tag)?);
             gpu.launch("rope_kv_write", blocks(r.shape.iter().product()), THREADS, 0, &args)
         }
-        Fused::Router {
-            softmax,
-            topk,
-            renorm,
-            product,
-        } => {
+        Fused::Router { softmax, topk, renorm } => {
             let Op::TopK { k, higher_on_ties } = graph.nodes[*topk].op else {
                 unreachable!("Router holds a topk")
             };
             let probs = &graph.nodes[*softmax];
             let experts = *probs.shape.last().unwrap();
             let rows = probs.shape.iter().product::<usize>() / experts.max(1);
-            let route = [
+            let args = [
+                Ptr(at(input(*softmax, 0))),
                 I32(fcode(probs.dtype)?),
+                I64(rows as i64),
                 I64(experts as i64),
                 I64(k as i64),
                 I32(i32::from(higher_on_ties)),
@@ -1386,33 +1383,6 @@ pub(crate) fn fused(
                 Ptr(at(i)),
                 I32(i32::from(switch(&KEYED, "MLXCEL_ROUTE_KEYED", true))),
             ];
-            if let Some(p) = product {
-                let np = &graph.nodes[*p];
-                let Op::QuantizedMatMul { bits, group_size } = np.op else {
-                    unreachable!("a router's product is quantized")
-                };
-                if gpu.clusters() {
-                    // The product and the route in one cluster of 8 blocks, a warp an expert
-                    // at a time, at most 16 warps a block (index.cu moe_router_cl).
-                    let x = graph.node(np.inputs[0]);
-                    let mut args = vec![Ptr(at(input(*p, 0)))];
-                    args.extend((1..4).map(|j| Ptr(at(input(*p, j)))));
-                    args.extend([
-                        I32(fcode(graph.node(np.inputs[2]).dtype)?),
-                        I64(*x.shape.last().unwrap() as i64),
-                        I32(group_size as i32),
-                    ]);
-                    args.extend(route);
-                    let name = intern(format!("moe_router_cl_{}_{bits}", fsuffix(x.dtype)?));
-                    let warps = experts.div_ceil(8).min(16) as u32;
-                    return gpu.launch_clusters(name, 8, 32 * warps, 0, &args, 8);
-                }
-                // No clusters: the product into its own buffer first.
-                let ptr = |j: usize| at(input(*p, j));
-                self::node(gpu, graph, *p, &ptr, at(*p), 0, error, tag, false, None)?;
-            }
-            let mut args = vec![Ptr(at(input(*softmax, 0))), route[0].clone(), I64(rows as i64)];
-            args.extend(route[1..].iter().cloned());
             // A warp a row, 8 rows a block (index.cu), the top k selected by one 64-bit key a
             // candidate without branches (MLXCEL_ROUTE_KEYED=0: the comparison-based selection,
             // for comparison; the H100 MoE decode 245.1 -> 261.6 tok/s with keys).

@@ -907,24 +907,6 @@ impl Gpu {
         self.clusters
     }
 
-    /// A launch of `grid` blocks in thread-block clusters of `cluster` (not programmatic).
-    pub(crate) fn launch_clusters(
-        &self,
-        name: &'static str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-        cluster: u32,
-    ) -> Result<()> {
-        if !self.clusters || cluster == 0 || !grid.is_multiple_of(cluster) {
-            return Err(Error::Backend(format!(
-                "{name}: {grid} blocks in clusters of {cluster} on this device"
-            )));
-        }
-        self.launch_ex(name, grid, block, smem, args, false, cluster)
-    }
-
     /// A tensor-core GEMV launch of a block a tile (`l.grid`) in thread-block clusters of
     /// `cluster` blocks (nn.cu `tc_qgemv3_nrope`), programmatic as [`Gpu::launch_gemv`] decides.
     pub(crate) fn launch_gemv_clusters(&self, l: &launch::GemvLaunch, cluster: u32, args: &[Arg]) -> Result<()> {

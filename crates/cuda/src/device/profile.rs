@@ -128,10 +128,7 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
         Some(Fused::WeightedSum { .. }) => return format!("fused moe combine {}", node.dtype),
-        Some(Fused::Router { product, .. }) => {
-            let with = if product.is_some() { "+product" } else { "" };
-            return format!("fused moe router{with} {}", node.dtype);
-        }
+        Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
         Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
         Some(Fused::HeadsLastAttention { attn }) => return format!("{} (heads last)", family(graph, *attn, None)),
         Some(Fused::RopeQkvWrite { norms, .. }) => {
