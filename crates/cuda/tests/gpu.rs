@@ -1145,19 +1145,6 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             [4.0; 3],
         ));
     }
-    // Gemma 3's 256-wide heads with their norms, folded only under
-    // MLXCEL_CUDA_FUSE_QK_NORM=all: a head's 16 tiles in one (non-portable) cluster.
-    if std::env::var("MLXCEL_CUDA_FUSE_QK_NORM").is_ok_and(|v| v == "all") {
-        for (dt, heads, k) in [(DType::BF16, (4, 1, 256), 1152), (DType::F16, (2, 2, 256), 512)] {
-            let flags = (false, true, false, Some(true));
-            cases.push(step_case(
-                format!("q, k, v products with 256-wide norms {dt} {heads:?} k {k}"),
-                projected_rope_step(dt, heads, (k, 4), flags, (7, 16)),
-                dt,
-                [4.0; 3],
-            ));
-        }
-    }
     // Per-head q and k norms inside the rope-and-write launch.
     for (dt, shape, t, unit_offset, at) in QK_NORM {
         cases.push(step_case(

@@ -1778,9 +1778,9 @@ fn products_rope(
     }
     let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
     // With the norms, a head's tiles in one cluster (nn.cu tc_qgemv3_nrope) where it fits one
-    // (16 blocks at most, past the portable 8: heads up to 256 wide), else tickets.
+    // (8 blocks at most: heads up to 128 wide), else tickets.
     let cluster = (d / 16) as u32;
-    if qk_norms.is_some() && cluster <= 16 && gpu.clusters() && qk_norm_clusters() {
+    if qk_norms.is_some() && cluster <= 8 && gpu.clusters() && qk_norm_clusters() {
         let l = GemvLaunch {
             name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_nrope_", 1)),
             grid: (total / 16) as u32,

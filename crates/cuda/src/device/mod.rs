@@ -916,15 +916,6 @@ impl Gpu {
                 l.name, l.grid
             )));
         }
-        if cluster > 8 {
-            // Past the portable 8 blocks (Hopper holds 16), the kernel must be allowed them.
-            self.func(l.name)?
-                .set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                    1,
-                )
-                .map_err(|e| Error::Backend(format!("{}: clusters of {cluster}: {e:?}", l.name)))?;
-        }
         self.launch_ex(l.name, l.grid, l.block, l.smem, args, programmatic(l.weights), cluster)
     }
 
