@@ -1261,31 +1261,38 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
     stf(dst, ydt, base + j, rope_turned<i64>([&](i64 i) { return head[i]; }, j, pr, freq, fdt, d, interleaved, scale));
   __syncwarp();  // the head's readers are done before the block's next head is written
 }
+// The parameters of tc_qgemv3_rope and tc_qgemv3_nrope: tc_qgemv3's, the rope's and the
+// writes', then the per-head norms' (null qw without) and their tickets.
+#define TC_QGEMV3_ROPE_PARAMS                                                                                         \
+  const void *x, const unsigned *w0, const void *s0, const void *z0, void *y0, i64 n0, const unsigned *w1,            \
+      const void *s1, const void *z1, void *y1, i64 n1, const unsigned *w2, const void *s2, const void *z2, void *y2, \
+      i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void *b0, const void *b1, const void *b2,     \
+      const void *pos, int pos_kind, const void *freq, int fdt, i64 d, i64 dv, int interleaved, float scale,          \
+      const void *wpos, int wpos_kind, i64 s, int *error, int tag, const void *qw, const void *kw, int wdt,           \
+      float qeps, float keps, int unit_offset, int *tickets
+// Inside those kernels: the products of tile `tile` (x staged where `stage`), thread i < 16's
+// sum into sums[i] through shared memory: the epilogue works the tile out anew, so nothing of
+// it lives in registers across the products.
+#define TC_ROPE_TILE_PRODUCTS(X, stage)                                                                               \
+  {                                                                                                                   \
+    int part;                                                                                                         \
+    i64 row0, stride;                                                                                                 \
+    rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                                   \
+    const unsigned* w = part == 2 ? w2 : part == 1 ? w1 : w0;                                                         \
+    const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                            \
+    const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                             \
+    float out[1] = {0.0f};                                                                                            \
+    tc_qdot<X, 1>(x, NORM_IN, stage, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out,     \
+                  stride);                                                                                            \
+    if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                                 \
+  }
 #define TC_QGEMV3_ROPE(XN, X, SUF, CAP)                                                                               \
   extern "C" __global__ void CAP tc_qgemv3_rope_##XN##_4##SUF(                                                        \
-      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
-      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
-      const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
-      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag, const void* qw, const void* kw,       \
-      int wdt, float qeps, float keps, int unit_offset, int* tickets) {                                               \
+      TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
     __shared__ float sums[16], head[256];                                                                             \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
     for (int tile = blockIdx.x; tile < (int)tiles; tile += gridDim.x) {                                               \
-      {                                                                                                               \
-        int part;                                                                                                     \
-        i64 row0, stride;                                                                                             \
-        rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                               \
-        const unsigned* w = part == 2 ? w2 : part == 1 ? w1 : w0;                                                     \
-        const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                        \
-        const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                         \
-        float out[1] = {0.0f};                                                                                        \
-        tc_qdot<X, 1>(x, NORM_IN, tile == blockIdx.x, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0,  \
-                      k, group, out, stride);                                                                         \
-        /* Thread i < 16's sum, through shared memory: the epilogue below works its tile out */                      \
-        /* anew, so nothing of it lives in registers across the products. */                                         \
-        if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                             \
-      }                                                                                                               \
+      TC_ROPE_TILE_PRODUCTS(X, tile == blockIdx.x);                                                                   \
       if (threadIdx.x >= 32) continue;                                                                                \
       __syncwarp();                                                                                                   \
       int part;                                                                                                       \
@@ -1361,26 +1368,10 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 // No ticket and no second trip to memory (tc_qgemv3_rope's with `tickets`).
 #define TC_QGEMV3_NORM_ROPE(XN, X, SUF, CAP)                                                                          \
   extern "C" __global__ void CAP tc_qgemv3_nrope_##XN##_4##SUF(                                                       \
-      const void* x, const unsigned* w0, const void* s0, const void* z0, void* y0, i64 n0, const unsigned* w1,        \
-      const void* s1, const void* z1, void* y1, i64 n1, const unsigned* w2, const void* s2, const void* z2,           \
-      void* y2, i64 n2, int sdt, int ydt, i64 k, int group, NORM_IN_PARAMS, const void* b0, const void* b1,           \
-      const void* b2, const void* pos, int pos_kind, const void* freq, int fdt, i64 d, i64 dv, int interleaved,       \
-      float scale, const void* wpos, int wpos_kind, i64 s, int* error, int tag, const void* qw, const void* kw,       \
-      int wdt, float qeps, float keps, int unit_offset, int* tickets) {                                               \
+      TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
     __shared__ float sums[16], tile_ss;                                                                               \
     const int tile = blockIdx.x;                                                                                      \
-    {                                                                                                                 \
-      int part;                                                                                                       \
-      i64 row0, stride;                                                                                               \
-      rope_tile(tile, n0, n1, d, interleaved, &part, &row0, &stride);                                                 \
-      const unsigned* w = part == 2 ? w2 : part == 1 ? w1 : w0;                                                       \
-      const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                          \
-      const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                           \
-      float out[1] = {0.0f};                                                                                          \
-      tc_qdot<X, 1>(x, NORM_IN, true, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out,    \
-                    stride);                                                                                          \
-      if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                               \
-    }                                                                                                                 \
+    TC_ROPE_TILE_PRODUCTS(X, true);                                                                                   \
     int part;                                                                                                         \
     i64 row0, stride;                                                                                                 \
     rope_tile(opaque(tile), n0, n1, d, interleaved, &part, &row0, &stride);                                           \
