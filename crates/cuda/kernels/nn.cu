@@ -1211,6 +1211,27 @@ __device__ __forceinline__ i64 opaque(i64 x) {
   asm volatile("mov.b64 %0, %0;" : "+l"(x));
   return x;
 }
+// The store of one channel by the epilogue of q, k and v's products with their rope and cache
+// writes (tc_qgemv3_rope, tc_qgemv3_nrope, dsk_gemv3_rope): row `row` of product `part` (0: q,
+// into y0 [Hq, D]; 1: k, into the key cache y1 [Hkv, S, D]; 2: v, into the value cache y2
+// [Hkv, S, Dv]; the caches at position p, only where placed), its value v and, for q and k, its
+// rope partner's u, turned as rope turns them.
+__device__ __forceinline__ void store_turned(int part, i64 row, float v, float u, void* y0, void* y1, void* y2, int ydt,
+                                             i64 d, i64 dv, i64 s, i64 p, bool placed, const void* pos, int pos_kind,
+                                             const void* freq, int fdt, int interleaved, float scale) {
+  if (part == 2) {
+    if (placed) stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);
+    return;
+  }
+  const i64 c = row % d, half = d / 2;
+  const bool first = interleaved ? (c & 1) == 0 : c < half;
+  float sn, cs;
+  sincosf((float)ld_index(pos, pos_kind, 0) * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), &sn,
+          &cs);
+  const float r = first ? v * cs - u * sn : u * sn + v * cs;
+  if (part == 0) stf(y0, ydt, row, r);
+  else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);
+}
 // Where tile `tile` of tc_qgemv3_rope lies: its product (part), its first row there (row0) and
 // the distance from a lane's row a to its row b (tc_qdot's bstride).
 __device__ __forceinline__ void rope_tile(i64 tile, i64 n0, i64 n1, i64 d, int interleaved, int* part, i64* row0,
@@ -1313,19 +1334,9 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
         continue;                                                                                                     \
       }                                                                                                               \
       const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                           \
-      if (threadIdx.x >= 16) continue;                                                                                \
-      if (part == 2) {                                                                                                \
-        if (placed) stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);                                              \
-        continue;                                                                                                     \
-      }                                                                                                               \
-      const i64 c = row % d, half = d / 2;                                                                            \
-      const bool first = interleaved ? (c & 1) == 0 : c < half;                                                       \
-      float sn, cs;                                                                                                   \
-      sincosf((float)ld_index(pos, pos_kind, 0) * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), \
-              &sn, &cs);                                                                                              \
-      const float r = first ? v * cs - u * sn : u * sn + v * cs;                                                      \
-      if (part == 0) stf(y0, ydt, row, r);                                                                            \
-      else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);                                                    \
+      if (threadIdx.x < 16)                                                                                           \
+        store_turned(part, row, v, u, y0, y1, y2, ydt, d, dv, s, p, placed, pos, pos_kind, freq, fdt, interleaved,    \
+                     scale);                                                                                          \
     }                                                                                                                 \
   }
 TC_QGEMV3_ROPE(f16, F16, , TC_GEMV_CAP)
@@ -1333,16 +1344,9 @@ TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP)
 TC_QGEMV3_ROPE(f16, F16, _r0, )
 TC_QGEMV3_ROPE(bf16, BF16, _r0, )
 
-// Thread-block clusters (sm_90): this block's rank in its cluster, a barrier of every thread of
-// the cluster (release and acquire: shared memory written before it is seen after it), and a
-// float of block `rank`'s shared memory at the address of p in this block's.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
+// Thread-block clusters (sm_90): a barrier of every thread of the cluster (release and acquire:
+// shared memory written before it is seen after it), and a float of block `rank`'s shared memory
+// at the address of p in this block's.
 __device__ __forceinline__ void cluster_sync() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -1395,22 +1399,12 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
         float total = 0.0f;                                                                                           \
         for (unsigned r = 0; r < (unsigned)(d / 16); r++) total += ld_cluster(&tile_ss, r);                           \
         const float inv = rsqrtf(total / (float)d + (part == 0 ? qeps : keps));                                       \
-        const i64 c = row % d, half = d / 2;                                                                          \
-        v = round_to(v * inv * (ldf(part == 0 ? qw : kw, wdt, c) + (unit_offset ? 1.0f : 0.0f)), ydt);                \
-        const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                         \
-        const bool first = interleaved ? (c & 1) == 0 : c < half;                                                     \
-        float sn, cs;                                                                                                 \
-        sincosf((float)ld_index(pos, pos_kind, 0) * scale *                                                           \
-                    ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half),                                       \
-                &sn, &cs);                                                                                            \
-        const float r = first ? v * cs - u * sn : u * sn + v * cs;                                                    \
-        if (threadIdx.x < 16) {                                                                                       \
-          if (part == 0) stf(y0, ydt, row, r);                                                                        \
-          else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);                                                \
-        }                                                                                                             \
-      } else if (threadIdx.x < 16 && placed) {                                                                        \
-        stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);                                                          \
+        v = round_to(v * inv * (ldf(part == 0 ? qw : kw, wdt, row % d) + (unit_offset ? 1.0f : 0.0f)), ydt);          \
       }                                                                                                               \
+      const float u = __shfl_xor_sync(0xffffffffu, v, interleaved ? 1 : 8);                                           \
+      if (threadIdx.x < 16)                                                                                           \
+        store_turned(part, row, v, u, y0, y1, y2, ydt, d, dv, s, p, placed, pos, pos_kind, freq, fdt, interleaved,    \
+                     scale);                                                                                          \
     }                                                                                                                 \
     cluster_sync(); /* the cluster's sums stay until every block has read them */                                    \
   }
@@ -1460,21 +1454,13 @@ __device__ __forceinline__ void dsk_gemv3_rope(const void* x, const void* w0, vo
   const int me = threadIdx.x;
   locate(me, &part, &w, &b, &row, &n);
   const float v = round_to(with_bias(sums[me][0], b, ydt, row), ydt);
-  if (part == 2) {
-    if (placed) stf(y2, ydt, (row / dv * s + p) * dv + row % dv, v);
-    return;
+  float u = 0.0f;
+  if (part < 2) {  // the partner is in the same product
+    i64 other;
+    locate(me ^ 1, &part, &w, &b, &other, &n);
+    u = round_to(with_bias(sums[me ^ 1][0], b, ydt, other), ydt);
   }
-  i64 other;
-  locate(me ^ 1, &part, &w, &b, &other, &n);
-  const float u = round_to(with_bias(sums[me ^ 1][0], b, ydt, other), ydt);
-  const i64 c = row % d, half = d / 2;
-  const bool first = interleaved ? (c & 1) == 0 : c < half;
-  float sn, cs;
-  sincosf((float)ld_index(pos, pos_kind, 0) * scale * ldf(freq, fdt, interleaved ? c / 2 : first ? c : c - half), &sn,
-          &cs);
-  const float r = first ? v * cs - u * sn : u * sn + v * cs;
-  if (part == 0) stf(y0, ydt, row, r);
-  else if (placed) stf(y1, ydt, (row / d * s + p) * d + c, r);
+  store_turned(part, row, v, u, y0, y1, y2, ydt, d, dv, s, p, placed, pos, pos_kind, freq, fdt, interleaved, scale);
 }
 #define DSK_ROPE(XN, X, WN, W)                                                                                        \
   extern "C" __global__ void dsk_gemv3_rope_##XN##_##WN(                                                              \
