@@ -526,12 +526,8 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             continue;
         }
         // With the norms folded, q and k reach them (their moves absorbed with them).
-        let (from_q, from_k) = match norms {
-            Some([normq, normk]) => ((normq, 0), (normk, 0)),
-            None => ((q, 0), (rk, 0)),
-        };
-        let (Some(sq), Some(sk), Some(sv)) = (source(from_q.0, from_q.1), source(from_k.0, from_k.1), source(v, 1))
-        else {
+        let [from_q, from_k] = norms.unwrap_or([q, rk]);
+        let (Some(sq), Some(sk), Some(sv)) = (source(from_q, 0), source(from_k, 0), source(v, 1)) else {
             continue;
         };
         // A Products launch runs at its last output (find_products): the last of the three.

@@ -1508,21 +1508,8 @@ pub(crate) fn fused(
             args.extend(place);
             args.push(I32(i32::from(*heads_last)));
             let keys: usize = sk.iter().product();
-            if let Some([nq, nk]) = norms {
-                // (eps, unit_offset) of each; both norms share the offset (fuse.rs qk_norms).
-                let params = |n: usize| match graph.nodes[n].op {
-                    Op::RmsNorm { eps, unit_offset } => (eps, unit_offset),
-                    _ => unreachable!("the folded norms are RMSNorms"),
-                };
-                let ((q_eps, unit_offset), (k_eps, _)) = (params(*nq), params(*nk));
-                args.extend([
-                    Ptr(at(input(*nq, 1))),
-                    Ptr(at(input(*nk, 1))),
-                    I32(fcode(graph.node(graph.nodes[*nq].inputs[1]).dtype)?),
-                    F32(q_eps),
-                    F32(k_eps),
-                    I32(i32::from(unit_offset)),
-                ]);
+            if let Some(norms) = norms {
+                args.extend(qk_norm_args(graph, *norms, at)?);
                 // A warp a head row of q, k and v, 8 a block (nn.cu).
                 let rows = (sq.iter().product::<usize>() + 2 * keys) / sk[3].max(1);
                 return gpu.launch("rope_qkv_norm_write", rows.div_ceil(8) as u32, 256, 0, &args);
@@ -1748,31 +1735,14 @@ fn products_rope(
         return gpu.launch(name, dsk_blocks(total, g), DSK_THREADS, smem, &args);
     }
     match qk_norms {
-        Some([nq, nk]) => {
-            let (
-                Op::RmsNorm {
-                    eps: q_eps,
-                    unit_offset,
-                },
-                Op::RmsNorm { eps: k_eps, .. },
-            ) = (&graph.nodes[nq].op, &graph.nodes[nk].op)
-            else {
-                unreachable!("the folded norms are RMSNorms")
-            };
+        Some(norms) => {
             if scratch == 0 {
                 return Err(Error::Backend(
                     "q, k and v with rope and norms: launched without its tickets".into(),
                 ));
             }
-            args.extend([
-                Ptr(at(input(nq, 1))),
-                Ptr(at(input(nk, 1))),
-                I32(fcode(graph.node(graph.nodes[nq].inputs[1]).dtype)?),
-                F32(*q_eps),
-                F32(*k_eps),
-                I32(i32::from(*unit_offset)),
-                Ptr(scratch),
-            ]);
+            args.extend(qk_norm_args(graph, norms, at)?);
+            args.push(Ptr(scratch));
         }
         None => args.extend([Ptr(0), Ptr(0), I32(0), F32(0.0), F32(0.0), I32(0), Ptr(0)]),
     }
@@ -1793,6 +1763,26 @@ fn products_rope(
         ..l
     };
     gpu.launch_gemv(&l, &args)
+}
+
+/// The arguments of the per-head q and k norms a launch applies (nn.cu `rope_qkv_norm_write`,
+/// `tc_qgemv3_rope`, `tc_qgemv3_nrope`): both weights, their dtype, each eps, the unit offset
+/// (both norms share it and the weights' dtype: fuse.rs qk_norms).
+fn qk_norm_args(graph: &Graph, [nq, nk]: [usize; 2], at: &dyn Fn(usize) -> u64) -> Result<Vec<Arg>> {
+    let params = |n: usize| match graph.nodes[n].op {
+        Op::RmsNorm { eps, unit_offset } => (eps, unit_offset),
+        _ => unreachable!("the folded norms are RMSNorms"),
+    };
+    let ((q_eps, unit_offset), (k_eps, _)) = (params(nq), params(nk));
+    let weight = |n: usize| graph.nodes[n].inputs[1];
+    Ok(vec![
+        Arg::Ptr(at(weight(nq).index())),
+        Arg::Ptr(at(weight(nk).index())),
+        Arg::I32(fcode(graph.node(weight(nq)).dtype)?),
+        Arg::F32(q_eps),
+        Arg::F32(k_eps),
+        Arg::I32(i32::from(unit_offset)),
+    ])
 }
 
 /// Whether q, k and v's products with their per-head norms run a head's tiles in a cluster
