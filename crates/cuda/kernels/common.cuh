@@ -151,3 +151,54 @@ __device__ __forceinline__ float round_to(float v, int dt) {
   BF16::st(&h, 0, v);
   return BF16::ld(&h, 0);
 }
+
+// ---- MoE routing, shared by index.cu's moe_route and gemv.cu's routed GLU ------------------
+// A candidate as one 64-bit key whose order is the top-k sort order: the value's bits made
+// monotonic (NaN above everything, -0 as +0), below them the index, complemented unless `high`
+// (ties to the lower index, or the higher). Every real key has a nonzero high word.
+__device__ __forceinline__ unsigned long long order_key(float f, int i, int high) {
+  unsigned b = __float_as_uint(f == 0.0f ? 0.0f : f);
+  const unsigned u = isnan(f) ? 0xffffffffu : (b & 0x80000000u) ? ~b : b | 0x80000000u;
+  return (unsigned long long)u << 32 | (high ? (unsigned)i : ~(unsigned)i);
+}
+// The value back from its key (a NaN as the canonical one, -0 as +0; 0 for the empty key).
+__device__ __forceinline__ float key_value(unsigned long long key) {
+  const unsigned u = (unsigned)(key >> 32);
+  return key == 0 ? 0.0f : u == 0xffffffffu ? __uint_as_float(0x7fffffffu)
+                                            : __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+}
+
+// Row `row` of a router's softmax over logits [.., e] (e <= 256), one warp: element lane + 32t
+// in v[t] (0 past e), rounded to dt as the plain softmax stores it, its sum added in the plain
+// 256-thread kernel's order (block_sum: each warp's butterfly, then a butterfly over the 8
+// warps' sums; element 32t + lane is thread 32t + lane's one value there), so the probabilities
+// equal the unfused graph's. Every lane of the warp calls it.
+__device__ __forceinline__ void router_probs(const void* logits, int dt, i64 row, i64 e, int lane, float* v) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < 8; t++) {
+    const i64 i = lane + 32 * t;
+    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
+    m = fmaxf(m, v[t]);
+  }
+  m = warp_max(m);
+  float part[8];
+#pragma unroll
+  for (int t = 0; t < 8; t++) {
+    v[t] = lane + 32 * t < e && m != -INFINITY ? expf(v[t] - m) : 0.0f;
+    part[t] = __shfl_sync(0xffffffffu, warp_sum(v[t]), 0);
+  }
+  const float s = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+  const float inv = m == -INFINITY ? 0.0f : 1.0f / s;
+#pragma unroll
+  for (int t = 0; t < 8; t++) v[t] = round_to(v[t] * inv, dt);
+}
+
+// A token's router weights as the plain graph makes them from its top k (k <= 32): lane r < k
+// holds the r-th chosen probability in `chosen` (the others 0); with `renorm` each is divided
+// by their sum, added as the plain sum kernel adds k values (warp 0's butterfly) and rounded to
+// dt. Every lane of the warp calls it; lane r < k gets weight r (unrounded: stf rounds it).
+__device__ __forceinline__ float router_weight(float chosen, int dt, int renorm) {
+  const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);
+  return renorm ? chosen / total : chosen;
+}

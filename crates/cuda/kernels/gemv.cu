@@ -1432,17 +1432,17 @@ TC_RING(f16, F16)
 TC_RING(bf16, BF16)
 
 // The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
-// blockIdx.x a 16-row tile of expert ids[p]; gather_qmm's parameter list (see gather_qgemv).
-// NM stacked-expert weights (w[m], s[m], z[m]: a product, or a GLU's gate and up) applied to
-// pair p = blockIdx.y's row of x for expert ids[p]: out[m] for row blockIdx.x · 16 + threadIdx.x
-// (threads < 16), false where the id is out of range (the error flag is then set).
+// blockIdx.x a 16-row tile of expert e (ids[p], or the router's choice for the pair);
+// gather_qmm's parameter list (see gather_qgemv). NM stacked-expert weights (w[m], s[m], z[m]: a
+// product, or a GLU's gate and up) applied to pair p = blockIdx.y's row of x for expert e:
+// out[m] for row blockIdx.x · 16 + threadIdx.x (threads < 16), false where e is out of range
+// (the error flag is then set).
 template <class X, int NM>
 __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const unsigned* const* w,
-                                               const void* const* s, const void* const* z, int sdt,
-                                               const void* ids, int id_kind, i64 top, i64 experts, i64 n, i64 k,
-                                               int group, int* error, int tag, float* out) {
+                                               const void* const* s, const void* const* z, int sdt, i64 e,
+                                               i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag,
+                                               float* out) {
   const i64 p = blockIdx.y;
-  const i64 e = ld_index(ids, id_kind, p);
   if (e < 0 || e >= experts) {  // the whole block leaves: e is the same for all its threads
     if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
     return false;
@@ -1469,7 +1469,8 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
                                                 int tag) {
   float out[1];
   const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
-  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, ids, id_kind, top, experts, n, k, group, error, tag, out) &&
+  const i64 e = ld_index(ids, id_kind, blockIdx.y);
+  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, e, top, experts, n, k, group, error, tag, out) &&
       threadIdx.x < 16 && row < n)
     stf(y, ydt, blockIdx.y * n + row, out[0]);
 }
@@ -1483,21 +1484,80 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
 TC_GATHER(f16, F16)
 TC_GATHER(bf16, BF16)
 
+// The expert of pair p = blockIdx.y (its token's choice p % top) made from the router's logits
+// [tokens, e] (e <= 256, top <= 32) as moe_route makes it, so the routed GLU needs no launch
+// between the router's product and the experts: warp 0 makes the token's probabilities
+// (router_probs) and their sort keys, then each thread ranks its experts among all e. The keys
+// are distinct, so a key's rank is its place in moe_route's selection order. The blocks of tile
+// 0 write the pair's id and weight (router_weight) where moe_route would have, for the down
+// product and the combine. Every thread of the block calls it.
+__device__ __forceinline__ i64 route_pair(const void* logits, int dt, i64 e, i64 top, int high, int renorm,
+                                          unsigned* ids, void* weights) {
+  __shared__ unsigned long long keys[256];
+  __shared__ int chosen[32];
+  const i64 p = blockIdx.y;
+  const int r = (int)(p % top), lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {
+    float v[8];
+    router_probs(logits, dt, p / top, e, lane, v);
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+      if (lane + 32 * t < e) keys[lane + 32 * t] = order_key(v[t], lane + 32 * t, high);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < e; i += blockDim.x) {
+    const unsigned long long key = keys[i];
+    int rank = 0;
+#pragma unroll 8
+    for (int j = 0; j < e; j++) rank += keys[j] > key;
+    if (rank < top) chosen[rank] = i;
+  }
+  __syncthreads();
+  const int id = chosen[r];
+  if (blockIdx.x == 0 && threadIdx.x < 32) {
+    const float w = router_weight(lane < top ? key_value(keys[chosen[lane]]) : 0.0f, dt, renorm);
+    if (lane == r) {
+      ids[p] = (unsigned)id;
+      stf(weights, dt, p, w);
+    }
+  }
+  return id;
+}
+
 // The routed experts' gate and up with the activation and product (a MoE's gated MLP at decode)
-// in one launch: gather_qgemv's grid; y [pairs, n] = act(x·Gₑᵀ) · (x·Uₑᵀ) as tc_qglu stores it.
+// in one launch: gather_qgemv's grid; y [pairs, n] = act(x·Gₑᵀ) · (x·Uₑᵀ) as tc_qglu stores it,
+// e = ids[p] (tc_gather_qglu) or the router's choice made from its logits (tc_gather_qglu_route,
+// which writes the ids and the router weights: route_pair).
+template <class X>
+__device__ __forceinline__ void tc_gather_glu(const void* x, i64 x_rows, const unsigned* wg, const void* sg,
+                                              const void* zg, const unsigned* wu, const void* su, const void* zu,
+                                              int sdt, i64 e, void* y, int ydt, int gdt, int act, i64 top,
+                                              i64 experts, i64 n, i64 k, int group, int* error, int tag) {
+  const unsigned* ws[2] = {wg, wu};
+  const void* ss[2] = {sg, su};
+  const void* zs[2] = {zg, zu};
+  float out[2];
+  const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
+  if (tc_gather_qdot<X, 2>(x, x_rows, ws, ss, zs, sdt, e, top, experts, n, k, group, error, tag, out) &&
+      threadIdx.x < 16 && row < n)
+    stf(y, ydt, blockIdx.y * n + row, glu_out(out[0], out[1], gdt, act));
+}
 #define TC_GATHER_GLU(XN, X)                                                                                          \
   extern "C" __global__ void tc_gather_qglu_##XN##_4(                                                                 \
       const void* x, i64 x_rows, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu,              \
       const void* su, const void* zu, int sdt, const void* ids, int id_kind, void* y, int ydt, int gdt, int act,      \
       i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag) {                                           \
-    const unsigned* ws[2] = {wg, wu};                                                                                 \
-    const void* ss[2] = {sg, su};                                                                                     \
-    const void* zs[2] = {zg, zu};                                                                                     \
-    float out[2];                                                                                                     \
-    const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;                                                               \
-    if (tc_gather_qdot<X, 2>(x, x_rows, ws, ss, zs, sdt, ids, id_kind, top, experts, n, k, group, error, tag, out) && \
-        threadIdx.x < 16 && row < n)                                                                                  \
-      stf(y, ydt, blockIdx.y * n + row, glu_out(out[0], out[1], gdt, act));                                           \
+    tc_gather_glu<X>(x, x_rows, wg, sg, zg, wu, su, zu, sdt, ld_index(ids, id_kind, blockIdx.y), y, ydt, gdt, act,  \
+                     top, experts, n, k, group, error, tag);                                                          \
+  }                                                                                                                   \
+  extern "C" __global__ void tc_gather_qglu_route_##XN##_4(                                                           \
+      const void* x, i64 x_rows, const unsigned* wg, const void* sg, const void* zg, const unsigned* wu,              \
+      const void* su, const void* zu, int sdt, unsigned* ids, void* y, int ydt, int gdt, int act, i64 top,            \
+      i64 experts, i64 n, i64 k, int group, int* error, int tag, const void* logits, int ldt, i64 e, int high,        \
+      int renorm, void* weights) {                                                                                    \
+    const i64 id = route_pair(logits, ldt, e, top, high, renorm, ids, weights);                                       \
+    tc_gather_glu<X>(x, x_rows, wg, sg, zg, wu, su, zu, sdt, id, y, ydt, gdt, act, top, experts, n, k, group, error, \
+                     tag);                                                                                            \
   }
 TC_GATHER_GLU(f16, F16)
 TC_GATHER_GLU(bf16, BF16)

@@ -100,16 +100,10 @@ __device__ __forceinline__ int warp_select_next(const float* v, i64 n, int high,
 }
 
 // The same selection without branches: each candidate as one 64-bit key whose order is the sort
-// order (the value's bits made monotonic, NaN above everything, -0 as +0; below them the index,
-// complemented unless `high`), a warp maximum of the keys, and the winner's value read back from
-// the key. Picks what warp_select_next picks for every input (n <= 2^31), returning a NaN as the
+// order (order_key, common.cuh), a warp maximum of the keys, and the winner's value read back
+// from the key. Picks what warp_select_next picks for every input (n <= 2^31), returning a NaN as the
 // canonical one and -0 as +0; `before`'s branches made each round of that one a chain of
 // divergent paths.
-__device__ __forceinline__ unsigned long long order_key(float f, int i, int high) {
-  unsigned b = __float_as_uint(f == 0.0f ? 0.0f : f);
-  const unsigned u = isnan(f) ? 0xffffffffu : (b & 0x80000000u) ? ~b : b | 0x80000000u;
-  return (unsigned long long)u << 32 | (high ? (unsigned)i : ~(unsigned)i);
-}
 template <int T>
 __device__ __forceinline__ int warp_select_key(const float* v, i64 n, int high, int lane, unsigned& taken,
                                                float& bv) {
@@ -125,11 +119,9 @@ __device__ __forceinline__ int warp_select_key(const float* v, i64 n, int high, 
     const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
     best = o > best ? o : best;
   }
-  const unsigned low = (unsigned)best, u = (unsigned)(best >> 32);
+  const unsigned low = (unsigned)best;
   const int bi = best == 0 ? -1 : (int)(high ? low : ~low);
-  // The value back from its key (a NaN as the canonical one, -0 as +0).
-  bv = best == 0 ? 0.0f : u == 0xffffffffu ? __uint_as_float(0x7fffffffu)
-                                           : __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+  bv = key_value(best);
   if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
   return bi;
 }
@@ -207,25 +199,7 @@ extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   float v[8];
-  float m = -INFINITY;
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    const i64 i = lane + 32 * t;
-    v[t] = i < e ? ldf(logits, dt, row * e + i) : -INFINITY;
-    m = fmaxf(m, v[t]);
-  }
-  m = warp_max(m);
-  // Element 32t + lane is thread 32t + lane's one value in the plain softmax: warp t's sum.
-  float part[8];
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    v[t] = lane + 32 * t < e && m != -INFINITY ? expf(v[t] - m) : 0.0f;
-    part[t] = __shfl_sync(0xffffffffu, warp_sum(v[t]), 0);
-  }
-  const float s = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-  const float inv = m == -INFINITY ? 0.0f : 1.0f / s;
-#pragma unroll
-  for (int t = 0; t < 8; t++) v[t] = round_to(v[t] * inv, dt);  // the softmax as stored
+  router_probs(logits, dt, row, e, lane, v);
   unsigned taken = 0;
   float chosen = 0.0f;  // lane r holds the r-th chosen probability (the plain sum's thread r)
   for (i64 r = 0; r < k; r++) {
@@ -238,7 +212,6 @@ extern "C" __global__ void moe_route(const void* logits, int dt, i64 rows, i64 e
     }
     if (lane == r) chosen = bv;
   }
-  // The plain sum over k <= 32 values: warp 0's butterfly (lane 0), the other warps adding 0.
-  const float total = round_to(__shfl_sync(0xffffffffu, warp_sum(chosen), 0), dt);
-  if (renorm && lane < k) stf(weights, dt, row * k + lane, chosen / total);
+  const float w = router_weight(chosen, dt, renorm);
+  if (renorm && lane < k) stf(weights, dt, row * k + lane, w);
 }

@@ -884,6 +884,56 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
         });
     }
+    // The router inside the routed GLU that reads its ids (each block routes its own pair from
+    // the logits; one launch writes the ids, the weights and the GLU): two tokens whose logits
+    // tie often, so the ids must agree exactly. 128 experts top 8 (ties to the higher index,
+    // renormalized), 20 top 3 (ties to the lower, not renormalized), 8 top 8 (every expert).
+    for (act, e, top, high, renorm) in [
+        (DType::F16, 128, 8, true, true),
+        (DType::BF16, 128, 8, true, true),
+        (DType::F16, 20, 3, false, false),
+        (DType::BF16, 8, 8, false, true),
+    ] {
+        let (k, n) = (512, 48);
+        let mut b = GraphBuilder::default();
+        let logits = b.input("logits", act, &[2, e]);
+        let x = b.input("x", act, &[2, 1, k]);
+        let probs = b.softmax(logits, -1).unwrap();
+        let ids = b.topk_ties(probs, top, high).unwrap();
+        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
+        if renorm {
+            let total = b.sum(w, -1, true).unwrap();
+            w = b.div(w, total).unwrap();
+        }
+        let experts = |b: &mut GraphBuilder, seed: u64| {
+            let wq = noise(seed, e * n * k);
+            let q = mlxcel_core::quant::quantize(&wq, e * n, k, 4, 64);
+            let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
+            let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
+            let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
+            b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap()
+        };
+        let g = experts(&mut b, 44);
+        let g = b.silu(g).unwrap();
+        let u = experts(&mut b, 45);
+        let y = b.mul(g, u).unwrap();
+        let graph = one_launch(&b.finish(&[ids, w, y]), "the router and the routed GLU");
+        let values: Vec<f32> = (0..2 * e).map(|i| ((i * 7 % 5) as f32) * 0.5).collect();
+        cases.push(OpCase {
+            name: format!("fused moe router in the routed glu {act} e{e} top{top} high {high} renorm {renorm}"),
+            graph,
+            inputs: vec![
+                HostTensor::from_f32(act, &[2, e], &values).unwrap(),
+                HostTensor::from_f32(act, &[2, 1, k], &noise(46, 2 * k)).unwrap(),
+            ],
+            states: vec![],
+            tolerance: vec![
+                Tolerance::for_dtype(DType::U32),
+                Tolerance::for_dtype(act),
+                Tolerance::for_dtype(act).scaled(4.0),
+            ],
+        });
+    }
     // A MoE router (softmax over 128 experts, top 8 with ties to the higher index, the chosen
     // renormalized) as one launch; logits of five values, so probabilities tie often.
     for act in [DType::F16, DType::BF16] {

@@ -36,13 +36,15 @@ use super::launch::GEMV_ROWS;
 #[derive(Clone, Debug)]
 pub enum Fused {
     /// Anchor = the product; `g`/`u` the gate and up matrix products over the same `x`; `norm`
-    /// the add + RMSNorm that makes x, computed by this launch (see [`NormIn`]).
+    /// the add + RMSNorm that makes x, computed by this launch (see [`NormIn`]); `route` the
+    /// router that chose routed experts' ids, made by this launch too (see [`Route`]).
     Glu {
         x: NodeId,
         g: usize,
         u: usize,
         act: usize,
         norm: Option<NormIn>,
+        route: Option<Route>,
     },
     /// Anchor = the product act(g) · u of two same-shaped tensors where no GEMV takes the gated
     /// MLP (a prefill's); `act` (absorbed) reads g, which only it reads.
@@ -98,6 +100,18 @@ pub enum Fused {
     /// Anchor = a sum over the middle axis of `mul` = y [.., k, d] · broadcast(w [.., k, 1])
     /// (MoE's combine of its experts' outputs with the router weights): one launch.
     WeightedSum { mul: usize, y: NodeId, w: NodeId },
+}
+
+/// A MoE router (a [`Fused::Router`] whose launch is absorbed, `anchor` its weights) made inside
+/// the routed GLU that reads its ids: each block of the GLU routes its own (token, expert) pair
+/// from the router's logits (the softmax's input), and the blocks of the first row tile write
+/// the ids (`topk`'s output) and the weights (the anchor's) for the later readers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Route {
+    pub anchor: usize,
+    pub softmax: usize,
+    pub topk: usize,
+    pub renorm: bool,
 }
 
 /// x = rms_norm(a + b) computed inside the GEMV that reads it: `norm` the norm node (absorbed),
@@ -183,6 +197,7 @@ impl Fusion {
                             u,
                             act,
                             norm: None,
+                            route: None,
                         })
                     };
                     if let Some(fused) = glu(a, b).or_else(|| glu(b, a)) {
@@ -257,6 +272,9 @@ impl Fusion {
         if !std::env::var("MLXCEL_CUDA_FUSE_ROUTER").is_ok_and(|v| v == "0") {
             find_routers(graph, &consumers, &mut f);
             find_weighted_sums(graph, &consumers, &mut f);
+            if !std::env::var("MLXCEL_CUDA_FUSE_ROUTE_GLU").is_ok_and(|v| v == "0") {
+                find_routed_glus(graph, &consumers, &mut f);
+            }
         }
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
@@ -282,9 +300,10 @@ impl Fusion {
         for (i, fused) in self.anchored.iter().enumerate() {
             let (mut extra, norm): (Vec<NodeId>, _) = match fused {
                 None => continue,
-                // Routed experts also read their ids.
-                Some(Fused::Glu { x, g, norm, .. }) => match graph.nodes[*g].op {
-                    Op::GatherQuantizedMatMul { .. } => (vec![*x, graph.nodes[*g].inputs[4]], norm),
+                // Routed experts also read their ids, or make them from the router's logits.
+                Some(Fused::Glu { x, g, norm, route, .. }) => match (&graph.nodes[*g].op, route) {
+                    (Op::GatherQuantizedMatMul { .. }, Some(r)) => (vec![*x, graph.nodes[r.softmax].inputs[0]], norm),
+                    (Op::GatherQuantizedMatMul { .. }, None) => (vec![*x, graph.nodes[*g].inputs[4]], norm),
                     _ => (vec![*x], norm),
                 },
                 Some(Fused::AddRmsNorm { add }) => (graph.nodes[*add].inputs.clone(), &None),
@@ -698,6 +717,49 @@ fn find_routers(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
             topk: t,
             renorm: renorm.is_some(),
         });
+    }
+}
+
+/// Finds routed GLUs (the gathered gate and up at decode) whose ids come straight from a fused
+/// router's top-k, where nothing else reads the ids or the router's weights before the GLU:
+/// the router's launch moves into the GLU's ([`Route`]), so the step has no launch between the
+/// router's product and the experts. `MLXCEL_CUDA_FUSE_ROUTE_GLU=0`: apart.
+fn find_routed_glus(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
+    for i in 0..graph.nodes.len() {
+        let Some(Fused::Glu { g, u, route: None, .. }) = f.anchored[i] else {
+            continue;
+        };
+        if !matches!(graph.nodes[g].op, Op::GatherQuantizedMatMul { .. }) {
+            continue;
+        }
+        let t = graph.nodes[g].inputs[4].index();
+        let router = (0..i).find_map(|a| match f.anchored[a] {
+            Some(Fused::Router { softmax, topk, renorm }) if topk == t => Some(Route {
+                anchor: a,
+                softmax,
+                topk,
+                renorm,
+            }),
+            _ => None,
+        });
+        let Some(route) = router else {
+            continue;
+        };
+        // The ids' readers before the GLU: the router's own gather (absorbed into it) and the
+        // GLU's two products; the weights' readers all come after it.
+        let gather = consumers[route.softmax].iter().copied().find(|&c| c != t);
+        let early_ids = consumers[t]
+            .iter()
+            .any(|&c| c <= i && c != g && c != u && Some(c) != gather);
+        let early_weights = consumers[route.anchor].iter().any(|&c| c <= i);
+        if early_ids || early_weights || graph.nodes[t].dtype != DType::U32 {
+            continue;
+        }
+        f.anchored[route.anchor] = None;
+        f.absorbed[route.anchor] = true;
+        if let Some(Fused::Glu { route: r, .. }) = &mut f.anchored[i] {
+            *r = Some(route);
+        }
     }
 }
 
@@ -1796,6 +1858,58 @@ mod tests {
             assert!(inner.iter().all(|&j| f.absorbed[j]), "renorm {renorm}");
             assert_eq!(super::super::launches_per_run(&graph), 1, "renorm {renorm}");
         }
+    }
+
+    /// A router (softmax over `e` experts of one token's logits, top 2, the chosen
+    /// probabilities, renormalized or not) and the routed GLU reading its ids; with `early` a
+    /// product of the router's weights made before the GLU. Returns the graph, the logits, the
+    /// router's weights and the GLU.
+    fn router_and_glu(renorm: bool, early: bool) -> (Graph, NodeId, NodeId, NodeId) {
+        let (k, n, e) = (256, 32, 8);
+        let mut b = GraphBuilder::default();
+        let logits = b.input("logits", DType::F16, &[1, 1, e]);
+        let x = b.input("x", DType::F16, &[1, 1, 1, k]);
+        let probs = b.softmax(logits, -1).unwrap();
+        let ids = b.topk_ties(probs, 2, true).unwrap();
+        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
+        if renorm {
+            let total = b.sum(w, -1, true).unwrap();
+            w = b.div(w, total).unwrap();
+        }
+        let before = early.then(|| b.mul(w, w).unwrap());
+        let (wg, wu) = (zero_weights(&mut b, &[e, n], k), zero_weights(&mut b, &[e, n], k));
+        let g = b.gather_qmm(x, wg.0, wg.1, wg.2, ids, 4, 64).unwrap();
+        let a = b.silu(g).unwrap();
+        let u = b.gather_qmm(x, wu.0, wu.1, wu.2, ids, 4, 64).unwrap();
+        let y = b.mul(a, u).unwrap();
+        let outs: Vec<NodeId> = [y, w].into_iter().chain(before).collect();
+        (b.finish(&outs), logits, w, y)
+    }
+
+    #[test]
+    fn a_moe_router_moves_into_the_routed_glu_that_reads_its_ids() {
+        for renorm in [false, true] {
+            let (graph, logits, w, y) = router_and_glu(renorm, false);
+            let f = Fusion::find(&graph);
+            let Some(Fused::Glu { route: Some(r), .. }) = &f.anchored[y.index()] else {
+                panic!("renorm {renorm}: {:?}", f.anchored[y.index()]);
+            };
+            assert_eq!((r.anchor, r.renorm), (w.index(), renorm));
+            assert!(f.absorbed[w.index()] && f.anchored[w.index()].is_none());
+            assert_eq!(super::super::launches_per_run(&graph), 1, "renorm {renorm}");
+            // The launch reads the logits: kept alive for it.
+            assert!(f.planning_graph(&graph).nodes[y.index()].inputs.contains(&logits));
+        }
+    }
+
+    #[test]
+    fn a_router_whose_weights_are_read_before_the_experts_keeps_its_launch() {
+        let (graph, _, w, y) = router_and_glu(true, true);
+        let f = Fusion::find(&graph);
+        assert!(matches!(f.anchored[y.index()], Some(Fused::Glu { route: None, .. })));
+        assert!(matches!(f.anchored[w.index()], Some(Fused::Router { .. })));
+        // The router, the product of its weights and the GLU.
+        assert_eq!(super::super::launches_per_run(&graph), 3);
     }
 
     #[test]

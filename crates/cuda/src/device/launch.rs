@@ -1213,7 +1213,14 @@ pub(crate) fn fused(
     let node = &graph.nodes[i];
     let input = |j: usize, k: usize| graph.nodes[j].inputs[k].index();
     match f {
-        Fused::Glu { x, g, u, act, norm } => {
+        Fused::Glu {
+            x,
+            g,
+            u,
+            act,
+            norm,
+            route,
+        } => {
             let ng = &graph.nodes[*g];
             let xs = &graph.node(*x).shape;
             let k = *xs.last().unwrap();
@@ -1270,12 +1277,11 @@ pub(crate) fn fused(
                     for j in [*g, *u] {
                         args.extend([Ptr(at(input(j, 1))), Ptr(at(input(j, 2))), Ptr(at(input(j, 3)))]);
                     }
-                    args.extend([
-                        I32(fcode(graph.node(ng.inputs[2]).dtype)?),
-                        Ptr(at(input(*g, 4))),
-                        I32(icode(ids.dtype)?),
-                        Ptr(at(i)),
-                    ]);
+                    args.extend([I32(fcode(graph.node(ng.inputs[2]).dtype)?), Ptr(at(input(*g, 4)))]);
+                    if route.is_none() {
+                        args.push(I32(icode(ids.dtype)?));
+                    }
+                    args.push(Ptr(at(i)));
                     args.extend(codes);
                     args.extend([
                         I64(*ids.shape.last().unwrap() as i64),
@@ -1286,7 +1292,28 @@ pub(crate) fn fused(
                         Ptr(error),
                         I32(tag),
                     ]);
-                    let name = intern(l.name.replacen("tc_gather_qgemv_", "tc_gather_qglu_", 1));
+                    // With the router inside (fuse.rs Route): its logits, their dtype, the expert
+                    // count, the tie rule, the renormalization and where its weights go; the
+                    // launch writes the ids (the top-k's output) rather than reading them.
+                    let family = match route {
+                        Some(r) => {
+                            let Op::TopK { higher_on_ties, .. } = graph.nodes[r.topk].op else {
+                                unreachable!("a Route holds a topk")
+                            };
+                            let probs = &graph.nodes[r.softmax];
+                            args.extend([
+                                Ptr(at(input(r.softmax, 0))),
+                                I32(fcode(probs.dtype)?),
+                                I64(*probs.shape.last().unwrap() as i64),
+                                I32(i32::from(higher_on_ties)),
+                                I32(i32::from(r.renorm)),
+                                Ptr(at(r.anchor)),
+                            ]);
+                            "tc_gather_qglu_route_"
+                        }
+                        None => "tc_gather_qglu_",
+                    };
+                    let name = intern(l.name.replacen("tc_gather_qgemv_", family, 1));
                     let grid = (n.div_ceil(16) as u32, pairs as u32);
                     let block = gather_block(gpu, name, grid, l.block, l.smem, k, "MLXCEL_GATHER_GLU_WARPS")?;
                     gpu.launch_grid(name, grid, block, l.smem, &args)

@@ -121,8 +121,8 @@ fn normed(norm: &Option<super::fuse::NormIn>) -> &'static str {
 pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
     let node = &graph.nodes[i];
     match fused {
-        Some(Fused::Glu { g, norm, .. }) => {
-            let pre = normed(norm);
+        Some(Fused::Glu { g, norm, route, .. }) => {
+            let pre = if route.is_some() { "moe router+" } else { normed(norm) };
             return format!("fused {pre}gate·up+act·mul ({})", family(graph, *g, None));
         }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
