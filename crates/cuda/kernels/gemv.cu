@@ -1497,7 +1497,6 @@ __device__ __forceinline__ i64 route_pair(const void* logits, int dt, i64 e, i64
   __shared__ int chosen[32];
   const i64 p = blockIdx.y;
   const int r = (int)(p % top), lane = threadIdx.x & 31;
-  pdl_wait();  // a programmatic launch: the logits are the kernel ahead's
   if (threadIdx.x < 32) {
     float v[8];
     router_probs(logits, dt, p / top, e, lane, v);

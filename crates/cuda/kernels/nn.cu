@@ -250,20 +250,19 @@ extern "C" __global__ void attention_paged(const void* q, int qdt, const void* k
 extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, int sdt, const void* w, int wdt, void* y,
                                         int ydt, i64 d, float eps, int unit_offset) {
   // Rows up to ARN_PER · blockDim wide stay in registers between the two passes, and every
-  // load (the norm's weights with the row) is issued before any store (which may alias
-  // nothing, but the compiler cannot know): one round trip to memory in all.
+  // load of a pass is issued before its stores (which may alias nothing, but the compiler
+  // cannot know): one round trip to memory a pass instead of one an element.
   constexpr int ARN_PER = 8;
   const i64 base = (i64)blockIdx.x * d;
   const float off = unit_offset ? 1.0f : 0.0f;
   float ss = 0.0f;
   if (d <= (i64)ARN_PER * blockDim.x) {
-    float va[ARN_PER], vb[ARN_PER], vw[ARN_PER];
+    float va[ARN_PER], vb[ARN_PER];
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
       const i64 j = threadIdx.x + (i64)t * blockDim.x;
       va[t] = j < d ? ldf(a, sdt, base + j) : 0.0f;
       vb[t] = j < d ? ldf(b, sdt, base + j) : 0.0f;
-      vw[t] = j < d ? ldf(w, wdt, j) + off : 0.0f;
     }
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
@@ -277,7 +276,12 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
       const i64 j = threadIdx.x + (i64)t * blockDim.x;
-      if (j < d) stf(y, ydt, base + j, va[t] * inv * vw[t]);
+      vb[t] = j < d ? ldf(w, wdt, j) + off : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < ARN_PER; t++) {
+      const i64 j = threadIdx.x + (i64)t * blockDim.x;
+      if (j < d) stf(y, ydt, base + j, va[t] * inv * vb[t]);
     }
     return;
   }
@@ -1375,7 +1379,6 @@ __device__ __forceinline__ void tc_gather_combine(const void* x, i64 x_rows, con
   __shared__ float terms[16];
   const i64 tile = blockIdx.x / pairs, p = blockIdx.x % pairs, row = tile * 16 + threadIdx.x;
   float o[1];
-  pdl_wait();  // a programmatic launch: x is the kernel ahead's
   const bool ok = tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, ld_index(ids, id_kind, p), p, tile, top, experts,
                                        n, k, group, error, tag, o);
   if (threadIdx.x < 16) terms[threadIdx.x] = ok && row < n ? round_to(round_to(o[0], ydt) * ldf(rw, ydt, p), ydt) : 0.0f;

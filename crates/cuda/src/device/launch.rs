@@ -1316,9 +1316,6 @@ pub(crate) fn fused(
                     let name = intern(l.name.replacen("tc_gather_qgemv_", family, 1));
                     let grid = (n.div_ceil(16) as u32, pairs as u32);
                     let block = gather_block(gpu, name, grid, l.block, l.smem, k, "MLXCEL_GATHER_GLU_WARPS")?;
-                    if route.is_some() {
-                        return gpu.launch_grid_gather(name, grid, block, l.smem, &args);
-                    }
                     gpu.launch_grid(name, grid, block, l.smem, &args)
                 }
                 _ => {

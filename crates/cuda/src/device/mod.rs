@@ -916,19 +916,11 @@ impl Gpu {
                 l.name, l.grid
             )));
         }
-        self.launch_ex(
-            l.name,
-            (l.grid, 1),
-            l.block,
-            l.smem,
-            args,
-            programmatic(l.weights),
-            cluster,
-        )
+        self.launch_ex(l.name, l.grid, l.block, l.smem, args, programmatic(l.weights), cluster)
     }
 
-    /// A launch of `grid` blocks in thread-block clusters of `cluster` consecutive blocks (nn.cu
-    /// `tc_gather_combine`), programmatic where [`gather_programmatic`] says.
+    /// A plain launch of `grid` blocks in thread-block clusters of `cluster` consecutive blocks
+    /// (nn.cu `tc_gather_combine`).
     pub(crate) fn launch_clustered(
         &self,
         name: &'static str,
@@ -943,23 +935,7 @@ impl Gpu {
                 "{name}: {grid} blocks in clusters of {cluster} on this device"
             )));
         }
-        self.launch_ex(name, (grid, 1), block, smem, args, gather_programmatic(), cluster)
-    }
-
-    /// [`Gpu::launch_grid`], programmatic where [`gather_programmatic`] says (gemv.cu
-    /// `tc_gather_qglu_route`, which waits for the kernel ahead before it reads the logits).
-    pub(crate) fn launch_grid_gather(
-        &self,
-        name: &'static str,
-        grid: (u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        if gather_programmatic() {
-            return self.launch_ex(name, grid, block, smem, args, true, 1);
-        }
-        self.launch_grid(name, grid, block, smem, args)
+        self.launch_ex(name, grid, block, smem, args, false, cluster)
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
@@ -967,7 +943,7 @@ impl Gpu {
     /// (gemv.cu's tensor-core GEMVs: `pdl_wait` after requesting their first weights) before it
     /// reads what earlier kernels wrote or writes anything. Scalar and pointer arguments only.
     fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
-        self.launch_ex(name, (grid, 1), block, smem, args, true, 1)
+        self.launch_ex(name, grid, block, smem, args, true, 1)
     }
 
     /// A launch through cuLaunchKernelEx: programmatic (see [`Gpu::launch_programmatic`]) or
@@ -977,7 +953,7 @@ impl Gpu {
     fn launch_ex(
         &self,
         name: &'static str,
-        grid: (u32, u32),
+        grid: u32,
         block: u32,
         smem: u32,
         args: &[Arg],
@@ -1018,8 +994,8 @@ impl Gpu {
             attrs.push(attr);
         }
         let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0.max(1),
-            gridDimY: grid.1.max(1),
+            gridDimX: grid.max(1),
+            gridDimY: 1,
             gridDimZ: 1,
             blockDimX: block,
             blockDimY: 1,
@@ -1095,15 +1071,6 @@ fn programmatic(weights: usize) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| std::env::var("MLXCEL_PDL").ok().map(|v| v == "1"));
     mode.unwrap_or(weights <= 16 << 20)
-}
-
-/// Whether the MoE's routed launches that read what the kernel ahead wrote only after waiting
-/// for it (the routed GLU with its router, the down product with the combine) are launched with
-/// programmatic dependent launch, so their start overlaps the kernel ahead's end.
-/// `MLXCEL_PDL_GATHER=0`: plain launches.
-fn gather_programmatic() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("MLXCEL_PDL_GATHER").is_ok_and(|v| v == "0"))
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
