@@ -1431,19 +1431,20 @@ __device__ __forceinline__ void tc_qring(const void* x, const NormIn& nin, const
 TC_RING(f16, F16)
 TC_RING(bf16, BF16)
 
-// The routed-expert product at decode on the tensor cores: a block a 16-row tile `tile` of
-// expert e (ids[p], or the router's choice for the pair) for the (token, slot) pair p (blockIdx.y
-// and blockIdx.x in gather_qmm's grid); gather_qmm's parameter list (see gather_qgemv). NM
-// stacked-expert weights (w[m], s[m], z[m]: a product, or a GLU's gate and up) applied to pair
-// p's row of x for expert e: out[m] for row tile · 16 + threadIdx.x (threads < 16), false where
-// e is out of range (the error flag is then set).
+// The routed-expert product at decode on the tensor cores: blockIdx.y the (token, slot) pair,
+// blockIdx.x a 16-row tile of expert e (ids[p], or the router's choice for the pair);
+// gather_qmm's parameter list (see gather_qgemv). NM stacked-expert weights (w[m], s[m], z[m]: a
+// product, or a GLU's gate and up) applied to pair p = blockIdx.y's row of x for expert e:
+// out[m] for row blockIdx.x · 16 + threadIdx.x (threads < 16), false where e is out of range
+// (the error flag is then set).
 template <class X, int NM>
 __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const unsigned* const* w,
-                                               const void* const* s, const void* const* z, int sdt, i64 e, i64 p,
-                                               i64 tile, i64 top, i64 experts, i64 n, i64 k, int group, int* error,
-                                               int tag, float* out) {
+                                               const void* const* s, const void* const* z, int sdt, i64 e,
+                                               i64 top, i64 experts, i64 n, i64 k, int group, int* error, int tag,
+                                               float* out) {
+  const i64 p = blockIdx.y;
   if (e < 0 || e >= experts) {  // the whole block leaves: e is the same for all its threads
-    if (threadIdx.x == 0 && tile == 0) atomicCAS(error, 0, tag);
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicCAS(error, 0, tag);
     return false;
   }
   const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
@@ -1457,7 +1458,7 @@ __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const 
     se[m] = (const char*)s[m] + rows * groups * ssz;
     ze[m] = (const char*)z[m] + rows * groups * ssz;
   }
-  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, tile * 16, n, k, group, out);
+  tc_qdot<X, NM>(xrow, NormIn{}, true, we, se, ze, sdt, (i64)blockIdx.x * 16, n, k, group, out);
   return true;
 }
 
@@ -1469,8 +1470,7 @@ __device__ __forceinline__ void tc_gather_qgemv(const void* x, i64 x_rows, const
   float out[1];
   const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
   const i64 e = ld_index(ids, id_kind, blockIdx.y);
-  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, e, blockIdx.y, blockIdx.x, top, experts, n, k, group, error,
-                           tag, out) &&
+  if (tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, e, top, experts, n, k, group, error, tag, out) &&
       threadIdx.x < 16 && row < n)
     stf(y, ydt, blockIdx.y * n + row, out[0]);
 }
@@ -1538,8 +1538,7 @@ __device__ __forceinline__ void tc_gather_glu(const void* x, i64 x_rows, const u
   const void* zs[2] = {zg, zu};
   float out[2];
   const i64 row = (i64)blockIdx.x * 16 + threadIdx.x;
-  if (tc_gather_qdot<X, 2>(x, x_rows, ws, ss, zs, sdt, e, blockIdx.y, blockIdx.x, top, experts, n, k, group, error,
-                           tag, out) &&
+  if (tc_gather_qdot<X, 2>(x, x_rows, ws, ss, zs, sdt, e, top, experts, n, k, group, error, tag, out) &&
       threadIdx.x < 16 && row < n)
     stf(y, ydt, blockIdx.y * n + row, glu_out(out[0], out[1], gdt, act));
 }

@@ -1362,51 +1362,6 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
   return v;
 }
 
-// The routed experts' down product and their combine (MoE's sum of the experts' outputs times
-// the router weights) in one launch: gather_qmm's parameters with the weights `rw` [pairs] (in
-// y's dtype) after the ids, y [tokens, n] the sum. tc_gather_qgemv's blocks on a 1-D grid, block
-// b = tile · pairs + p, in clusters of `top` blocks: one token's pairs of one 16-row tile, pair
-// p the block of rank p % top. Each block puts its 16 products, rounded to y's dtype and times
-// its pair's weight rounded as the plain mul stores them, in shared memory; after a cluster
-// barrier the block of rank r sums rows r, r + top, ... of the tile over the cluster's blocks
-// through distributed shared memory, in weighted_sum's order (the butterfly over 32 slots,
-// zeros past top), and writes them. top <= 8 (a portable cluster).
-template <class X>
-__device__ __forceinline__ void tc_gather_combine(const void* x, i64 x_rows, const unsigned* w, const void* s,
-                                                  const void* z, int sdt, const void* ids, int id_kind,
-                                                  const void* rw, void* y, int ydt, i64 pairs, i64 top,
-                                                  i64 experts, i64 n, i64 k, int group, int* error, int tag) {
-  __shared__ float terms[16];
-  const i64 tile = blockIdx.x / pairs, p = blockIdx.x % pairs, row = tile * 16 + threadIdx.x;
-  float o[1];
-  const bool ok = tc_gather_qdot<X, 1>(x, x_rows, &w, &s, &z, sdt, ld_index(ids, id_kind, p), p, tile, top, experts,
-                                       n, k, group, error, tag, o);
-  if (threadIdx.x < 16) terms[threadIdx.x] = ok && row < n ? round_to(round_to(o[0], ydt) * ldf(rw, ydt, p), ydt) : 0.0f;
-  cluster_sync();
-  if (threadIdx.x < 16 && threadIdx.x % top == p % top && row < n) {
-    // Slots 8 to 31 are zeros: the butterfly's first two steps add them (a -0 becomes +0 there).
-    float a[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) a[j] = (((j < top ? ld_cluster(&terms[threadIdx.x], j) : 0.0f) + 0.0f) + 0.0f);
-#pragma unroll
-    for (int step = 4; step > 0; step >>= 1)
-#pragma unroll
-      for (int i = 0; i < step; i++) a[i] += a[i + step];
-    stf(y, ydt, (p / top) * n + row, a[0]);
-  }
-  cluster_sync();  // each block's terms stay until the cluster has read them
-}
-#define TC_GATHER_COMBINE(XN, X)                                                                                      \
-  extern "C" __global__ void tc_gather_combine_##XN##_4(                                                              \
-      const void* x, i64 x_rows, const unsigned* w, const void* s, const void* z, int sdt, const void* ids,           \
-      int id_kind, const void* rw, void* y, int ydt, i64 pairs, i64 top, i64 experts, i64 n, i64 k, int group,        \
-      int* error, int tag) {                                                                                          \
-    tc_gather_combine<X>(x, x_rows, w, s, z, sdt, ids, id_kind, rw, y, ydt, pairs, top, experts, n, k, group, error,  \
-                         tag);                                                                                        \
-  }
-TC_GATHER_COMBINE(f16, F16)
-TC_GATHER_COMBINE(bf16, BF16)
-
 // tc_qgemv3_rope with per-head q and k norms, a head's tiles in one thread-block cluster: launched
 // with a block a tile (tc_qgemv3_rope's tiles and pairs) and clusters of D / 16 blocks (at most
 // 8), so cluster c holds head c's tiles (the v tiles' clusters only write). Each block of a q or

@@ -984,38 +984,6 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             tolerance: vec![Tolerance::for_dtype(act).scaled(2.0)],
         });
     }
-    // The experts' down product and the combine as one launch (a token's pairs of a tile in a
-    // thread-block cluster): two tokens, top 8 (one expert twice) and top 3, d 200 (a part
-    // tile), k 768 (three chunks).
-    for (act, top) in [(DType::F16, 8usize), (DType::BF16, 8), (DType::F16, 3)] {
-        let (k, d, e) = (768, 200, 10);
-        let mut b = GraphBuilder::default();
-        let h = b.input("h", act, &[2, top, k]);
-        let ids = b.input("ids", DType::U32, &[2, top]);
-        let w = b.input("w", act, &[2, top]);
-        let wq = noise(53, e * d * k);
-        let q = mlxcel_core::quant::quantize(&wq, e * d, k, 4, 64);
-        let packed = b.parameter("q", HostTensor::from_slice(&[e, d, k / 8], &q.packed).unwrap());
-        let sc = b.parameter("s", HostTensor::from_f32(act, &[e, d, k / 64], &q.scales).unwrap());
-        let bi = b.parameter("z", HostTensor::from_f32(act, &[e, d, k / 64], &q.biases).unwrap());
-        let y = b.gather_qmm(h, packed, sc, bi, ids, 4, 64).unwrap();
-        let w1 = b.reshape(w, &[2, top, 1]).unwrap();
-        let p = b.mul(y, w1).unwrap();
-        let s = b.sum(p, -2, false).unwrap();
-        let graph = one_launch(&b.finish(&[s]), "the down product and the combine");
-        let chosen: Vec<u32> = (0..2 * top as u32).map(|i| (i * 7 + i / 5) % e as u32).collect();
-        cases.push(OpCase {
-            name: format!("fused moe down+combine {act} top{top}"),
-            graph,
-            inputs: vec![
-                HostTensor::from_f32(act, &[2, top, k], &noise(54, 2 * top * k)).unwrap(),
-                HostTensor::from_slice(&[2, top], &chosen).unwrap(),
-                HostTensor::from_f32(act, &[2, top], &noise(55, 2 * top)).unwrap(),
-            ],
-            states: vec![],
-            tolerance: vec![Tolerance::for_dtype(act).scaled(4.0)],
-        });
-    }
     // The same with dense 16-bit weights (the 0.5B model's q, k and v), k not a multiple of 256.
     for (act, wdt) in [
         (DType::F16, DType::F16),

@@ -98,16 +98,8 @@ pub enum Fused {
     /// anchor's launch, which writes the ids too.
     Router { softmax: usize, topk: usize, renorm: bool },
     /// Anchor = a sum over the middle axis of `mul` = y [.., k, d] · broadcast(w [.., k, 1])
-    /// (MoE's combine of its experts' outputs with the router weights): one launch. `down`: y's
-    /// routed product at decode (absorbed), computed by the same launch, a token's k pairs of a
-    /// tile in one thread-block cluster (nn.cu `tc_gather_combine`; without clusters, the
-    /// product's launch and then the combine's).
-    WeightedSum {
-        mul: usize,
-        y: NodeId,
-        w: NodeId,
-        down: Option<usize>,
-    },
+    /// (MoE's combine of its experts' outputs with the router weights): one launch.
+    WeightedSum { mul: usize, y: NodeId, w: NodeId },
 }
 
 /// A MoE router (a [`Fused::Router`] whose launch is absorbed, `anchor` its weights) made inside
@@ -283,9 +275,6 @@ impl Fusion {
             if !std::env::var("MLXCEL_CUDA_FUSE_ROUTE_GLU").is_ok_and(|v| v == "0") {
                 find_routed_glus(graph, &consumers, &mut f);
             }
-            if !std::env::var("MLXCEL_CUDA_FUSE_DOWN").is_ok_and(|v| v == "0") {
-                find_routed_combines(graph, &consumers, &mut f);
-            }
         }
         if !std::env::var("MLXCEL_CUDA_FUSE_PRODUCTS").is_ok_and(|v| v == "0") {
             find_products(graph, &consumers, &mut f);
@@ -338,15 +327,7 @@ impl Fusion {
                 }
                 Some(Fused::RopeKvWrite { rope }) => (graph.nodes[*rope].inputs.clone(), &None),
                 Some(Fused::Router { softmax, .. }) => (graph.nodes[*softmax].inputs.clone(), &None),
-                // With the down product, its x and ids too (y stays planned: the launch without
-                // clusters stores it).
-                Some(Fused::WeightedSum { y, w, down, .. }) => {
-                    let mut reads = vec![*y, *w];
-                    if let Some(d) = down {
-                        reads.extend([graph.nodes[*d].inputs[0], graph.nodes[*d].inputs[4]]);
-                    }
-                    (reads, &None)
-                }
+                Some(Fused::WeightedSum { y, w, .. }) => (vec![*y, *w], &None),
                 Some(Fused::ActMul { act, .. }) => (vec![graph.nodes[*act].inputs[0]], &None),
                 Some(Fused::HeadsLastAttention { attn }) => (graph.nodes[*attn].inputs.clone(), &None),
                 Some(Fused::RopeQkvWrite {
@@ -830,48 +811,7 @@ fn find_weighted_sums(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
         }
         f.absorbed[m] = true;
         f.absorbed[bcast.index()] = true;
-        f.anchored[s] = Some(Fused::WeightedSum {
-            mul: m,
-            y,
-            w,
-            down: None,
-        });
-    }
-}
-
-/// Finds combines (`find_weighted_sums`) of a routed 4-bit product at decode (the experts' down
-/// product, on the tensor-core gathered GEMV) that only the combine reads, a token's top at most
-/// 8 (a portable cluster): the product joins the combine's launch. `MLXCEL_CUDA_FUSE_DOWN=0`:
-/// apart.
-fn find_routed_combines(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
-    for s in 0..graph.nodes.len() {
-        let Some(Fused::WeightedSum { mul, y, down: None, .. }) = f.anchored[s] else {
-            continue;
-        };
-        let d = y.index();
-        let Op::GatherQuantizedMatMul { bits: 4, group_size } = graph.nodes[d].op else {
-            continue;
-        };
-        let (nd, x, ids) = (
-            &graph.nodes[d],
-            graph.node(graph.nodes[d].inputs[0]),
-            graph.node(graph.nodes[d].inputs[4]),
-        );
-        let pairs: usize = ids.shape.iter().product();
-        let top = *ids.shape.last().unwrap_or(&0);
-        let (n, k) = (*nd.shape.last().unwrap_or(&0), *x.shape.last().unwrap_or(&0));
-        let fits = top <= 8
-            && pairs <= super::launch::GATHER_GEMV_PAIRS
-            && group_size % 32 == 0
-            && k.is_multiple_of(group_size)
-            && super::launch::tc_gemv_kernel("gather_qgemv", x.dtype, 4, 1, n * pairs, k).is_some();
-        if !fits || consumers[d] != [mul] || f.absorbed[d] || f.anchored[d].is_some() {
-            continue;
-        }
-        f.absorbed[d] = true;
-        if let Some(Fused::WeightedSum { down, .. }) = &mut f.anchored[s] {
-            *down = Some(d);
-        }
+        f.anchored[s] = Some(Fused::WeightedSum { mul: m, y, w });
     }
 }
 
@@ -1984,37 +1924,6 @@ mod tests {
         let f = Fusion::find(&graph);
         assert!(matches!(f.anchored[s.index()], Some(Fused::WeightedSum { mul, .. }) if mul == p.index()));
         assert_eq!(super::super::launches_per_run(&graph), 1);
-    }
-
-    #[test]
-    fn the_routed_down_product_joins_the_combine_up_to_eight_experts_a_token() {
-        let (k, n) = (256, 32);
-        for (top, joined) in [(2usize, true), (8, true), (9, false)] {
-            let mut b = GraphBuilder::default();
-            let h = b.input("h", DType::F16, &[1, top, k]);
-            let ids = b.input("ids", DType::U32, &[1, top]);
-            let w = b.input("w", DType::F16, &[1, top]);
-            let wd = zero_weights(&mut b, &[12, n], k);
-            let y = b.gather_qmm(h, wd.0, wd.1, wd.2, ids, 4, 64).unwrap();
-            let w1 = b.reshape(w, &[1, top, 1]).unwrap();
-            let p = b.mul(y, w1).unwrap();
-            let s = b.sum(p, -2, false).unwrap();
-            let graph = b.finish(&[s]);
-            let f = Fusion::find(&graph);
-            let down = match f.anchored[s.index()] {
-                Some(Fused::WeightedSum { down, .. }) => down,
-                ref other => panic!("top {top}: {other:?}"),
-            };
-            assert_eq!(down, joined.then_some(y.index()), "top {top}");
-            assert_eq!(f.absorbed[y.index()], joined, "top {top}");
-            let launches = if joined { 1 } else { 2 };
-            assert_eq!(super::super::launches_per_run(&graph), launches, "top {top}");
-            // The launch reads the product's input and ids, and y stays planned until it.
-            let planned = f.planning_graph(&graph);
-            let reads = &planned.nodes[s.index()].inputs;
-            assert_eq!(joined, reads.contains(&h) && reads.contains(&ids), "top {top}");
-            assert!(reads.contains(&y));
-        }
     }
 
     #[test]

@@ -1416,18 +1416,10 @@ pub(crate) fn fused(
             static KEYED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
             gpu.launch("moe_route", rows.div_ceil(8) as u32, 256, 0, &args)
         }
-        Fused::WeightedSum { mul, y, w, down } => {
+        Fused::WeightedSum { mul, y, w } => {
             let shape = &graph.nodes[*mul].shape;
             let (k, d) = (shape[shape.len() - 2], shape[shape.len() - 1]);
             let rows = shape.iter().product::<usize>() / (k * d).max(1);
-            if let Some(dn) = *down {
-                if gpu.clusters() {
-                    return routed_combine(gpu, graph, dn, w.index(), at, at(i), error, tag);
-                }
-                // No clusters: the product's own launch, then the combine's.
-                let ptr = |j: usize| at(input(dn, j));
-                self::node(gpu, graph, dn, &ptr, at(dn), 0, error, tag, false, None)?;
-            }
             let args = [
                 Ptr(at(y.index())),
                 Ptr(at(w.index())),
@@ -1655,67 +1647,6 @@ pub(crate) fn fused(
 /// `dgemv3`, `dsk_gemv3`, qmm_ring3; nn.cu `tc_qgemv3_rope`): x, then per product slot its
 /// weight tensors (a dense weight, or packed weights, scales and biases), the node it writes
 /// (`outs`, one a part) and its rows; zeros for an unused slot.
-/// The routed experts' down product `dn` (4-bit, decode) and the combine of its pairs with the
-/// router weights `w` into `out`, one launch (nn.cu `tc_gather_combine`): tc_gather_qgemv's
-/// blocks on a 1-D grid (tile-major), a token's pairs of a tile in one cluster.
-fn routed_combine(
-    gpu: &Gpu,
-    graph: &Graph,
-    dn: usize,
-    w: usize,
-    at: &dyn Fn(usize) -> u64,
-    out: u64,
-    error: u64,
-    tag: i32,
-) -> Result<()> {
-    use Arg::{Ptr, I32, I64};
-    let nd = &graph.nodes[dn];
-    let Op::GatherQuantizedMatMul { group_size, .. } = nd.op else {
-        unreachable!("a routed combine's product is a gathered one")
-    };
-    let input = |j: usize| graph.node(nd.inputs[j]);
-    let (x, ids) = (input(0), input(4));
-    let (n, k) = (*nd.shape.last().unwrap(), *x.shape.last().unwrap());
-    let pairs: usize = ids.shape.iter().product();
-    let top = *ids.shape.last().unwrap();
-    let l = tc_gemv_kernel("gather_qgemv", x.dtype, 4, 1, n * pairs, k)
-        .ok_or_else(|| no_tensor_cores("routed down product"))?;
-    let name = intern(l.name.replacen("tc_gather_qgemv_", "tc_gather_combine_", 1));
-    let ptr = |j: usize| at(nd.inputs[j].index());
-    let args = [
-        Ptr(ptr(0)),
-        I64(x.shape[x.shape.len() - 2] as i64),
-        Ptr(ptr(1)),
-        Ptr(ptr(2)),
-        Ptr(ptr(3)),
-        I32(fcode(input(2).dtype)?),
-        Ptr(ptr(4)),
-        I32(icode(ids.dtype)?),
-        Ptr(at(w)),
-        Ptr(out),
-        I32(fcode(nd.dtype)?),
-        I64(pairs as i64),
-        I64(top as i64),
-        I64(input(1).shape[0] as i64),
-        I64(n as i64),
-        I64(k as i64),
-        I32(group_size as i32),
-        Ptr(error),
-        I32(tag),
-    ];
-    let tiles = n.div_ceil(16) as u32;
-    let block = gather_block(
-        gpu,
-        name,
-        (tiles, pairs as u32),
-        l.block,
-        l.smem,
-        k,
-        "MLXCEL_GATHER_WARPS",
-    )?;
-    gpu.launch_clustered(name, tiles * pairs as u32, block, l.smem, &args, top as u32)
-}
-
 fn product_slot_args(graph: &Graph, parts: &[usize], outs: &[usize], at: &dyn Fn(usize) -> u64) -> Vec<Arg> {
     let first = &graph.nodes[parts[0]];
     let tensors = first.inputs.len() - 1;

@@ -919,25 +919,6 @@ impl Gpu {
         self.launch_ex(l.name, l.grid, l.block, l.smem, args, programmatic(l.weights), cluster)
     }
 
-    /// A plain launch of `grid` blocks in thread-block clusters of `cluster` consecutive blocks
-    /// (nn.cu `tc_gather_combine`).
-    pub(crate) fn launch_clustered(
-        &self,
-        name: &'static str,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-        cluster: u32,
-    ) -> Result<()> {
-        if !self.clusters || cluster == 0 || !grid.is_multiple_of(cluster) {
-            return Err(Error::Backend(format!(
-                "{name}: {grid} blocks in clusters of {cluster} on this device"
-            )));
-        }
-        self.launch_ex(name, grid, block, smem, args, false, cluster)
-    }
-
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
     /// before it in the stream (or the captured graph) drains, so it must wait for that one
     /// (gemv.cu's tensor-core GEMVs: `pdl_wait` after requesting their first weights) before it

@@ -127,9 +127,6 @@ pub fn family(graph: &Graph, i: usize, fused: Option<&Fused>) -> String {
         }
         Some(Fused::AddRmsNorm { .. }) => return format!("fused add+rms_norm {}", node.dtype),
         Some(Fused::RopeKvWrite { .. }) => return format!("fused rope+kv_write {}", node.dtype),
-        Some(Fused::WeightedSum { down: Some(d), .. }) => {
-            return format!("fused down+moe combine ({})", family(graph, *d, None));
-        }
         Some(Fused::WeightedSum { .. }) => return format!("fused moe combine {}", node.dtype),
         Some(Fused::Router { .. }) => return format!("fused moe router {}", node.dtype),
         Some(Fused::ActMul { .. }) => return format!("fused act·mul {}", node.dtype),
