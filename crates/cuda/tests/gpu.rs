@@ -17,6 +17,32 @@ fn passed(graph: &mlxcel_core::Graph) -> mlxcel_core::Graph {
 }
 
 /// `graph` after the default passes, which CUDA must run as one kernel launch (`what` says which).
+/// Routed experts' SiLU-gated MLP at decode, silu(x·Gₑᵀ) · (x·Uₑᵀ) for e = ids: random gate and
+/// up weights of `e` experts (`n` x `k`, 4-bit group 64 in x's dtype `act`) from `seed` and
+/// `seed + 1`.
+fn routed_glu(
+    b: &mut mlxcel_core::GraphBuilder,
+    x: mlxcel_core::NodeId,
+    ids: mlxcel_core::NodeId,
+    act: mlxcel_core::DType,
+    (e, n, k): (usize, usize, usize),
+    seed: u64,
+) -> mlxcel_core::NodeId {
+    use mlxcel_core::HostTensor;
+    let mut experts = |seed: u64| {
+        let w = noise(seed, e * n * k);
+        let q = mlxcel_core::quant::quantize(&w, e * n, k, 4, 64);
+        let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
+        let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
+        let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
+        b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap()
+    };
+    let g = experts(seed);
+    let u = experts(seed + 1);
+    let g = b.silu(g).unwrap();
+    b.mul(g, u).unwrap()
+}
+
 fn one_launch(graph: &mlxcel_core::Graph, what: &str) -> mlxcel_core::Graph {
     let graph = passed(graph);
     assert_eq!(
@@ -860,18 +886,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         let mut b = GraphBuilder::default();
         let x = b.input("x", act, &[2, 1, k]);
         let ids = b.input("ids", DType::U32, &[2, 3]);
-        let experts = |b: &mut GraphBuilder, seed: u64| {
-            let w = noise(seed, e * n * k);
-            let q = mlxcel_core::quant::quantize(&w, e * n, k, 4, 64);
-            let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
-            let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
-            let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
-            b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap()
-        };
-        let g = experts(&mut b, 41);
-        let g = b.silu(g).unwrap();
-        let u = experts(&mut b, 42);
-        let y = b.mul(g, u).unwrap();
+        let y = routed_glu(&mut b, x, ids, act, (e, n, k), 41);
         let graph = one_launch(&b.finish(&[y]), "the routed GLU");
         cases.push(OpCase {
             name: format!("fused routed glu {act}"),
@@ -905,18 +920,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
             let total = b.sum(w, -1, true).unwrap();
             w = b.div(w, total).unwrap();
         }
-        let experts = |b: &mut GraphBuilder, seed: u64| {
-            let wq = noise(seed, e * n * k);
-            let q = mlxcel_core::quant::quantize(&wq, e * n, k, 4, 64);
-            let packed = b.parameter("q", HostTensor::from_slice(&[e, n, k / 8], &q.packed).unwrap());
-            let sc = b.parameter("s", HostTensor::from_f32(act, &[e, n, k / 64], &q.scales).unwrap());
-            let bi = b.parameter("z", HostTensor::from_f32(act, &[e, n, k / 64], &q.biases).unwrap());
-            b.gather_qmm(x, packed, sc, bi, ids, 4, 64).unwrap()
-        };
-        let g = experts(&mut b, 44);
-        let g = b.silu(g).unwrap();
-        let u = experts(&mut b, 45);
-        let y = b.mul(g, u).unwrap();
+        let y = routed_glu(&mut b, x, ids, act, (e, n, k), 44);
         let graph = one_launch(&b.finish(&[ids, w, y]), "the router and the routed GLU");
         let values: Vec<f32> = (0..2 * e).map(|i| ((i * 7 % 5) as f32) * 0.5).collect();
         cases.push(OpCase {

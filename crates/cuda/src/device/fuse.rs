@@ -1827,11 +1827,9 @@ mod tests {
         assert!(planned.nodes[y.index()].inputs.contains(&ids));
     }
 
-    /// A MoE router after its product: softmax, top 2 of 8, the chosen probabilities, and
-    /// (`renorm`) their renormalization, as the models build it.
-    fn router(renorm: bool) -> (Graph, Vec<usize>, usize) {
-        let mut b = GraphBuilder::default();
-        let logits = b.input("logits", DType::F16, &[1, 1, 8]);
+    /// The router the models build on `logits`: softmax, top 2 (ties to the higher index), the
+    /// chosen probabilities and (`renorm`) their renormalization: probs, ids and weights.
+    fn route(b: &mut GraphBuilder, logits: NodeId, renorm: bool) -> (NodeId, NodeId, NodeId) {
         let probs = b.softmax(logits, -1).unwrap();
         let ids = b.topk_ties(probs, 2, true).unwrap();
         let mut w = b.take_along_axis(probs, ids, -1).unwrap();
@@ -1839,6 +1837,15 @@ mod tests {
             let total = b.sum(w, -1, true).unwrap();
             w = b.div(w, total).unwrap();
         }
+        (probs, ids, w)
+    }
+
+    /// A MoE router after its product: softmax, top 2 of 8, the chosen probabilities, and
+    /// (`renorm`) their renormalization, as the models build it.
+    fn router(renorm: bool) -> (Graph, Vec<usize>, usize) {
+        let mut b = GraphBuilder::default();
+        let logits = b.input("logits", DType::F16, &[1, 1, 8]);
+        let (probs, ids, w) = route(&mut b, logits, renorm);
         let graph = b.finish(&[ids, w]);
         let first = probs.index();
         let anchor = w.index();
@@ -1869,13 +1876,7 @@ mod tests {
         let mut b = GraphBuilder::default();
         let logits = b.input("logits", DType::F16, &[1, 1, e]);
         let x = b.input("x", DType::F16, &[1, 1, 1, k]);
-        let probs = b.softmax(logits, -1).unwrap();
-        let ids = b.topk_ties(probs, 2, true).unwrap();
-        let mut w = b.take_along_axis(probs, ids, -1).unwrap();
-        if renorm {
-            let total = b.sum(w, -1, true).unwrap();
-            w = b.div(w, total).unwrap();
-        }
+        let (_, ids, w) = route(&mut b, logits, renorm);
         let before = early.then(|| b.mul(w, w).unwrap());
         let (wg, wu) = (zero_weights(&mut b, &[e, n], k), zero_weights(&mut b, &[e, n], k));
         let g = b.gather_qmm(x, wg.0, wg.1, wg.2, ids, 4, 64).unwrap();
