@@ -168,6 +168,9 @@ __device__ __forceinline__ void qdot(const typename X::T* __restrict__ x, int m,
         }
       }
     }
+    // A programmatic launch (Gpu::launch_gemv): the first weights are on their way before the
+    // kernel ahead, which wrote x, has ended.
+    if (v0 == 0) pdl_wait();
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const i64 v = v0 + u * 32 + lane;
@@ -310,6 +313,7 @@ template <class X> __device__ __forceinline__ const float* stage_xf(const void* 
   unsigned smem;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
   if (m != 1 || k % 16 != 0 || (i64)smem < (k + k / 16) * 4) return nullptr;
+  pdl_wait();  // a programmatic launch: x is the kernel ahead's
   for (i64 i = threadIdx.x; i < k / 8; i += blockDim.x) {
     float v[8];
     ldx8<X>((const typename X::T*)x + 8 * i, v);
@@ -327,6 +331,7 @@ template <class X> __device__ __forceinline__ const float* stage_xf(const void* 
 template <class X>
 __device__ __forceinline__ const float* stage_xf_in(const void* x, const NormIn& nin, int m, i64 k) {
   if (!nin.a) return stage_xf<X>(x, m, k);
+  pdl_wait();
   extern __shared__ float4 staged[];
   float* xf = (float*)staged;
   typedef typename X::T T;

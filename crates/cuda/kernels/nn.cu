@@ -253,6 +253,7 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
   // load of a pass is issued before its stores (which may alias nothing, but the compiler
   // cannot know): one round trip to memory a pass instead of one an element.
   constexpr int ARN_PER = 8;
+  pdl_trigger();  // the MoE router's product (a programmatic GEMV) may request its weights meanwhile
   const i64 base = (i64)blockIdx.x * d;
   const float off = unit_offset ? 1.0f : 0.0f;
   float ss = 0.0f;

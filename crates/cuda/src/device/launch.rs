@@ -131,8 +131,9 @@ pub(crate) struct GemvLaunch {
     /// Dynamic shared memory: one row of x as f32 plus its 16-value sums when the kernel
     /// stages it there (at most MAX_STAGED_BYTES), else 0.
     pub smem: u32,
-    /// Bytes of packed weights one matrix of the launch reads (tensor-core launches; 0 for
-    /// the others): what decides programmatic launch (`Gpu::launch_gemv`).
+    /// Bytes of packed weights one matrix of the launch reads (tensor-core launches and
+    /// quantized CUDA-core products; 0 for the others): what decides programmatic launch
+    /// (`Gpu::launch_gemv`).
     pub weights: usize,
 }
 
@@ -695,7 +696,11 @@ pub fn node(
             if m <= GEMV_ROWS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
                 let (l, stages) = match tc_gemv_kernel("qgemv", input(0).dtype, *bits, m, nn, k) {
                     Some(l) => tc_ring(l, 1, k, *group_size, input(2).dtype),
-                    None => (gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?, None),
+                    None => {
+                        let l = gemv_kernel("qgemv", input(0).dtype, bits_name(*bits), m, nn, k)?;
+                        let weights = nn * k * *bits as usize / 8;
+                        (GemvLaunch { weights, ..l }, None)
+                    }
                 };
                 let mut mats = [[ptr(1), ptr(2), ptr(3)]];
                 let group = if l.name.starts_with("tc_") && stages.is_none() {

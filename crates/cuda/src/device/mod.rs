@@ -884,7 +884,8 @@ impl Gpu {
             }
             grid = grid.min(held);
         }
-        if tensor_cores && programmatic(l.weights) {
+        let small = name.starts_with("qgemv_") && small_programmatic(l.weights);
+        if (tensor_cores && programmatic(l.weights)) || small {
             return self.launch_programmatic(name, grid, l.block, l.smem, args);
         }
         self.launch(name, grid, l.block, l.smem, args)
@@ -1052,6 +1053,17 @@ fn programmatic(weights: usize) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| std::env::var("MLXCEL_PDL").ok().map(|v| v == "1"));
     mode.unwrap_or(weights <= 16 << 20)
+}
+
+/// Whether a quantized CUDA-core GEMV (gemv.cu `qgemv`, which waits for the kernel ahead after
+/// requesting its first weights) reading `weights` bytes is launched programmatically: where
+/// the matrix is at most 1 MiB, the MoE router's product after its add + RMSNorm (which lets it
+/// start at once), so its weights are on their way while the norm runs. `MLXCEL_PDL_SMALL=0`:
+/// plain launches.
+fn small_programmatic(weights: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| !std::env::var("MLXCEL_PDL_SMALL").is_ok_and(|v| v == "0"));
+    on && weights > 0 && weights <= 1 << 20
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
