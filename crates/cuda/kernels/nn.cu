@@ -867,6 +867,14 @@ __device__ __forceinline__ void attention_gqa_online(const void* q, int qdt, con
 ATTENTION_GQA_ONLINE(4)
 ATTENTION_GQA_ONLINE(8)
 
+// The key and the value of cache row kr, a lane's 8 channels from c0 (two 16-byte loads).
+template <class T, int D>
+__device__ __forceinline__ void lanes_load(const void* k, const void* v, i64 kr, int c0, unsigned* kw, unsigned* vw) {
+  const uint4 a = *(const uint4*)((const T*)k + kr * D + c0), b = *(const uint4*)((const T*)v + kr * D + c0);
+  kw[0] = a.x, kw[1] = a.y, kw[2] = a.z, kw[3] = a.w;
+  vw[0] = b.x, vw[1] = b.y, vw[2] = b.z, vw[3] = b.w;
+}
+
 // Decode attention a query head a block (or G heads of one kv head) with several keys in flight
 // a warp (attention_split's grid, parameters and partials; MLXCEL_ATT_LANES=0 goes back to it).
 // attention_split takes a key a warp at a time, so each warp waits a round trip a key. Here LPK
@@ -877,7 +885,10 @@ ATTENTION_GQA_ONLINE(8)
 // value loaded; the block's 4 · 32 / LPK slots merge in shared memory. Block x takes query rows
 // G·x .. G·x + G - 1 (G divides the group, so they share the batch row and kv head). Heads of
 // D = 8 · LPK channels for q, k and v alike; 16-bit caches (KV), 16-byte aligned rows.
-template <int LPK, int U, int G, bool PAGED, class KV>
+// EARLY (not PAGED; a programmatic launch after the launch that writes q and the newest key and
+// value): the first round's keys and values but the newest row's are requested before waiting
+// for it.
+template <int LPK, int U, int G, bool PAGED, class KV, bool EARLY = false>
 __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, const void* k, const void* v,
                                                      const void* kv_len, int len_kind, int len_count, float* part,
                                                      i64 hq, i64 hkv, i64 s, float scale, int causal, i64 window,
@@ -898,6 +909,22 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
   gqa_keys(kv_len, len_kind, len_count, bi, s, window, split, chunk, error, tag, &j0, &n);
   const i64 j1 = j0 + n;
   const i64 kbase = (bi * hkv + kvh) * s;
+  unsigned ekw[EARLY ? U : 1][4], evw[EARLY ? U : 1][4];  // EARLY: the first round's
+  if (EARLY) {
+    // The newest row (the length's last) is the kernel ahead's: requested after waiting.
+    const i64 newest = ld_index(kv_len, len_kind, len_count == 1 ? 0 : bi) - 1;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 j = j0 + u * SLOTS + slot;
+      if (j < j1 && j != newest) lanes_load<T, D>(k, v, kbase + j, c0, ekw[u], evw[u]);
+    }
+    pdl_wait();
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const i64 j = j0 + u * SLOTS + slot;
+      if (j < j1 && j == newest) lanes_load<T, D>(k, v, kbase + j, c0, ekw[u], evw[u]);
+    }
+  }
   float qv[G][8], acc[G][8], m[G], l[G];
   const float qpos = rp.k ? rp.position(bi) : 0.0f;
 #pragma unroll
@@ -918,11 +945,11 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
     for (int u = 0; u < U; u++) {  // every key and value of the round requested together
       const i64 j = jb + u * SLOTS + slot;
       live[u] = j < j1;
-      if (live[u]) {
-        const i64 kr = PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j;
-        const uint4 a = *(const uint4*)((const T*)k + kr * D + c0), b = *(const uint4*)((const T*)v + kr * D + c0);
-        kw[u][0] = a.x, kw[u][1] = a.y, kw[u][2] = a.z, kw[u][3] = a.w;
-        vw[u][0] = b.x, vw[u][1] = b.y, vw[u][2] = b.z, vw[u][3] = b.w;
+      if (EARLY && live[u] && jb == j0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) kw[u][i] = ekw[u][i], vw[u][i] = evw[u][i];
+      } else if (live[u]) {
+        lanes_load<T, D>(k, v, PAGED ? pg.row(bi, hkv, kvh, j, error, tag) : kbase + j, c0, kw[u], vw[u]);
       } else {
 #pragma unroll
         for (int i = 0; i < 4; i++) kw[u][i] = vw[u][i] = 0u;
@@ -1015,7 +1042,7 @@ __device__ __forceinline__ void attention_lanes_rows(const void* q, int qdt, con
     }
   }
 }
-template <int LPK, int G, bool PAGED>
+template <int LPK, int G, bool PAGED, bool EARLY = false>
 __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const void* k, const void* v, int kdt,
                                                 const void* kv_len, int len_kind, int len_count, float* part, i64 hq,
                                                 i64 hkv, i64 s, float scale, int causal, i64 window, float softcap,
@@ -1026,11 +1053,11 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
   // and outputs take the registers.
   constexpr int U = LPK <= 8 ? 2 : G > 1 ? 2 : 4;
   if (kdt == 1)
-    attention_lanes_rows<LPK, U, G, PAGED, F16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
-                                                causal, window, softcap, chunk, error, tag, pg, rp);
+    attention_lanes_rows<LPK, U, G, PAGED, F16, EARLY>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s,
+                                                       scale, causal, window, softcap, chunk, error, tag, pg, rp);
   else
-    attention_lanes_rows<LPK, U, G, PAGED, BF16>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s, scale,
-                                                 causal, window, softcap, chunk, error, tag, pg, rp);
+    attention_lanes_rows<LPK, U, G, PAGED, BF16, EARLY>(q, qdt, k, v, kv_len, len_kind, len_count, part, hq, hkv, s,
+                                                        scale, causal, window, softcap, chunk, error, tag, pg, rp);
 }
 // attention_lanes{SFX}_{D} and attention_lanes_paged{SFX}_{D}, G query heads a block (SFX ""
 // for 1, "_g4" for 4): attention_split's and attention_split_paged's parameters (d and dv
@@ -1053,11 +1080,21 @@ __device__ __forceinline__ void attention_lanes(const void* q, int qdt, const vo
                                     window, softcap, chunk, error, tag, KvPages{table, table_kind, width, bs, blocks}); \
     splits_done(part, ticket, blockIdx.x, blockIdx.x * G, G, gridDim.y, D, y, ydt);                                    \
   }
-// Those at 1 and 4 heads a block, and attention_lanes_rope_{D} (attention_split_rope's
-// parameters), a head a block.
+// Those at 1 and 4 heads a block, attention_lanes_early_{D} (a head a block, a programmatic
+// launch: EARLY; bounded to five blocks an SM, which its first round's registers would
+// otherwise cut to four), and attention_lanes_rope_{D} (attention_split_rope's parameters), a
+// head a block.
 #define ATTENTION_LANES(D)                                                                                             \
   ATTENTION_LANES_DENSE_PAGED(D, 1, )                                                                                  \
   ATTENTION_LANES_DENSE_PAGED(D, 4, _g4)                                                                               \
+  extern "C" __global__ void __launch_bounds__(128, 5) attention_lanes_early_##D(                                      \
+      const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
+      float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \
+      i64 window, float softcap, i64 chunk, int* error, int tag) {                                                     \
+    attention_lanes<D / 8, 1, false, true>(q, qdt, k, v, kdt, kv_len, len_kind, len_count, part, hq, hkv, s, scale,   \
+                                           causal, window, softcap, chunk, error, tag, KvPages{});                     \
+    splits_done(part, ticket, blockIdx.x, blockIdx.x, 1, gridDim.y, D, y, ydt);                                        \
+  }                                                                                                                    \
   extern "C" __global__ void attention_lanes_rope_##D(                                                                 \
       const void* q, int qdt, const void* k, const void* v, int kdt, const void* kv_len, int len_kind, int len_count,  \
       float* part, int* ticket, void* y, int ydt, i64 hq, i64 hkv, i64 s, i64, i64, float scale, int causal,           \

@@ -1005,7 +1005,13 @@ pub fn node(
                         .ok_or_else(|| Error::Backend(format!("{name}: no variant takes the queries' rope")))?,
                     None => name,
                 };
-                gpu.launch_grid(name, (blocks as u32, splits as u32), 128, smem as u32, &split_args)?;
+                let grid = (blocks as u32, splits as u32);
+                match early_attention(name) {
+                    Some(early) if rope.is_none() => {
+                        gpu.launch_grid_programmatic(early, grid, 128, smem as u32, &split_args)?
+                    }
+                    _ => gpu.launch_grid(name, grid, 128, smem as u32, &split_args)?,
+                }
                 if merge {
                     return Ok(());
                 }
@@ -2278,6 +2284,22 @@ pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static 
     }
 }
 
+/// The programmatic form of lanes kernel `name` (`attention_lanes_early_{D}`, nn.cu EARLY: a head
+/// a block, dense caches), which requests its first round of keys and values but the newest
+/// row's (the step's write position, the length's last) before waiting for the q, k and v
+/// launch ahead. Opt-in (`MLXCEL_PDL_ATTENTION=1`), not yet measured on a GPU.
+fn early_attention(name: &str) -> Option<&'static str> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("MLXCEL_PDL_ATTENTION").is_ok_and(|v| v == "1"));
+    on.then(|| early_name(name)).flatten().map(intern)
+}
+
+/// `attention_lanes_early_{D}` for `attention_lanes_{D}`; None for the other lanes kernels.
+fn early_name(name: &str) -> Option<String> {
+    let d = name.strip_prefix("attention_lanes_")?;
+    d.parse::<usize>().is_ok().then(|| format!("attention_lanes_early_{d}"))
+}
+
 /// The per-head decode attention with several keys in flight a warp (nn.cu,
 /// `attention_lanes{variant}_{D}`: a key every D / 8 lanes, a 16-byte load of it and of its value
 /// a lane) for node `i` where it applies: one query position, q, k and v heads of one width D of
@@ -2972,6 +2994,29 @@ pub(crate) fn partials_scratch(graph: &Graph, i: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use mlxcel_core::{DType, GraphBuilder};
+
+    /// The early (programmatic) attention is the one-head-a-block dense lanes kernel's, and
+    /// nn.cu's ATTENTION_LANES defines one for every width.
+    #[test]
+    fn only_the_dense_one_head_lanes_attention_has_an_early_form() {
+        for d in [32, 64, 128, 256] {
+            let early = early_name(&format!("attention_lanes_{d}")).unwrap();
+            assert_eq!(early, format!("attention_lanes_early_{d}"));
+            assert!(
+                crate::kernel_source().contains(&format!("ATTENTION_LANES({d})")),
+                "{early}"
+            );
+        }
+        assert!(crate::kernel_source().contains("attention_lanes_early_##D("));
+        for other in [
+            "attention_lanes_g4_128",
+            "attention_lanes_paged_128",
+            "attention_lanes_rope_64",
+            "attention_split",
+        ] {
+            assert_eq!(early_name(other), None, "{other}");
+        }
+    }
 
     /// The routed GLU's warps: halved where that makes one round of blocks of two chunks a warp.
     #[test]

@@ -917,7 +917,15 @@ impl Gpu {
                 l.name, l.grid
             )));
         }
-        self.launch_ex(l.name, l.grid, l.block, l.smem, args, programmatic(l.weights), cluster)
+        self.launch_ex(
+            l.name,
+            (l.grid, 1),
+            l.block,
+            l.smem,
+            args,
+            programmatic(l.weights),
+            cluster,
+        )
     }
 
     /// [`Gpu::launch`] with programmatic dependent launch: the kernel may start while the one
@@ -925,6 +933,18 @@ impl Gpu {
     /// (gemv.cu's tensor-core GEMVs: `pdl_wait` after requesting their first weights) before it
     /// reads what earlier kernels wrote or writes anything. Scalar and pointer arguments only.
     fn launch_programmatic(&self, name: &'static str, grid: u32, block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_ex(name, (grid, 1), block, smem, args, true, 1)
+    }
+
+    /// [`Gpu::launch_programmatic`] on a two-dimensional grid.
+    pub(crate) fn launch_grid_programmatic(
+        &self,
+        name: &'static str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         self.launch_ex(name, grid, block, smem, args, true, 1)
     }
 
@@ -935,7 +955,7 @@ impl Gpu {
     fn launch_ex(
         &self,
         name: &'static str,
-        grid: u32,
+        grid: (u32, u32),
         block: u32,
         smem: u32,
         args: &[Arg],
@@ -976,8 +996,8 @@ impl Gpu {
             attrs.push(attr);
         }
         let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.max(1),
-            gridDimY: 1,
+            gridDimX: grid.0.max(1),
+            gridDimY: grid.1.max(1),
             gridDimZ: 1,
             blockDimX: block,
             blockDimY: 1,
