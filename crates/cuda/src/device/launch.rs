@@ -1008,7 +1008,7 @@ pub fn node(
                 let grid = (blocks as u32, splits as u32);
                 match early_attention(name) {
                     Some(early) if rope.is_none() => {
-                        gpu.launch_grid_programmatic(early, grid, 128, smem as u32, &split_args)?
+                        gpu.launch_ex(early, grid, 128, smem as u32, &split_args, true, 1)?
                     }
                     _ => gpu.launch_grid(name, grid, 128, smem as u32, &split_args)?,
                 }

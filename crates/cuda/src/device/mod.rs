@@ -936,23 +936,11 @@ impl Gpu {
         self.launch_ex(name, (grid, 1), block, smem, args, true, 1)
     }
 
-    /// [`Gpu::launch_programmatic`] on a two-dimensional grid.
-    pub(crate) fn launch_grid_programmatic(
-        &self,
-        name: &'static str,
-        grid: (u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        self.launch_ex(name, grid, block, smem, args, true, 1)
-    }
-
     /// A launch through cuLaunchKernelEx: programmatic (see [`Gpu::launch_programmatic`]) or
     /// not, in clusters of `cluster` blocks where that is above 1. Scalar and pointer arguments
     /// only.
     #[allow(clippy::too_many_arguments)]
-    fn launch_ex(
+    pub(crate) fn launch_ex(
         &self,
         name: &'static str,
         grid: (u32, u32),
