@@ -247,8 +247,13 @@ extern "C" __global__ void attention_paged(const void* q, int qdt, const void* k
 
 // s = a + b (rounded to sdt, stored: the residual stream) and y = rms_norm(s) in one pass; one
 // block per row of D.
-extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, int sdt, const void* w, int wdt, void* y,
-                                        int ydt, i64 d, float eps, int unit_offset) {
+// RAW: every value of a row up to ARN_PER · blockDim wide requested as raw bits in one batch,
+// the norm's weights with it, and converted after (ldf's conversion by a runtime dtype code
+// right behind each load held the next back: session 24's SASS); `add_rms_norm_raw`, opt-in
+// (MLXCEL_ARN_RAW=1), not yet measured.
+template <bool RAW>
+__device__ __forceinline__ void add_rms_norm_row(const void* a, const void* b, void* s, int sdt, const void* w,
+                                                 int wdt, void* y, int ydt, i64 d, float eps, int unit_offset) {
   // Rows up to ARN_PER · blockDim wide stay in registers between the two passes, and every
   // load of a pass is issued before its stores (which may alias nothing, but the compiler
   // cannot know): one round trip to memory a pass instead of one an element.
@@ -258,12 +263,30 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
   const float off = unit_offset ? 1.0f : 0.0f;
   float ss = 0.0f;
   if (d <= (i64)ARN_PER * blockDim.x) {
-    float va[ARN_PER], vb[ARN_PER];
+    float va[ARN_PER], vb[ARN_PER], vw[RAW ? ARN_PER : 1];
+    if (RAW) {
+      unsigned ra[ARN_PER], rb[ARN_PER], rw[ARN_PER];
 #pragma unroll
-    for (int t = 0; t < ARN_PER; t++) {
-      const i64 j = threadIdx.x + (i64)t * blockDim.x;
-      va[t] = j < d ? ldf(a, sdt, base + j) : 0.0f;
-      vb[t] = j < d ? ldf(b, sdt, base + j) : 0.0f;
+      for (int t = 0; t < ARN_PER; t++) {
+        const i64 j = threadIdx.x + (i64)t * blockDim.x;
+        ra[t] = j < d ? ld_bits(a, sdt, base + j) : 0u;
+        rb[t] = j < d ? ld_bits(b, sdt, base + j) : 0u;
+        rw[t] = j < d ? ld_bits(w, wdt, j) : 0u;
+      }
+#pragma unroll
+      for (int t = 0; t < ARN_PER; t++) {
+        const i64 j = threadIdx.x + (i64)t * blockDim.x;
+        va[t] = j < d ? bits_float(ra[t], sdt) : 0.0f;
+        vb[t] = j < d ? bits_float(rb[t], sdt) : 0.0f;
+        vw[t] = j < d ? bits_float(rw[t], wdt) + off : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < ARN_PER; t++) {
+        const i64 j = threadIdx.x + (i64)t * blockDim.x;
+        va[t] = j < d ? ldf(a, sdt, base + j) : 0.0f;
+        vb[t] = j < d ? ldf(b, sdt, base + j) : 0.0f;
+      }
     }
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
@@ -277,7 +300,7 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
       const i64 j = threadIdx.x + (i64)t * blockDim.x;
-      vb[t] = j < d ? ldf(w, wdt, j) + off : 0.0f;
+      vb[t] = RAW ? vw[t] : j < d ? ldf(w, wdt, j) + off : 0.0f;
     }
 #pragma unroll
     for (int t = 0; t < ARN_PER; t++) {
@@ -296,6 +319,14 @@ extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, i
   for (i64 j = threadIdx.x; j < d; j += blockDim.x) {
     stf(y, ydt, base + j, ldf(s, sdt, base + j) * inv * (ldf(w, wdt, j) + off));
   }
+}
+extern "C" __global__ void add_rms_norm(const void* a, const void* b, void* s, int sdt, const void* w, int wdt, void* y,
+                                        int ydt, i64 d, float eps, int unit_offset) {
+  add_rms_norm_row<false>(a, b, s, sdt, w, wdt, y, ydt, d, eps, unit_offset);
+}
+extern "C" __global__ void add_rms_norm_raw(const void* a, const void* b, void* s, int sdt, const void* w, int wdt,
+                                            void* y, int ydt, i64 d, float eps, int unit_offset) {
+  add_rms_norm_row<true>(a, b, s, sdt, w, wdt, y, ydt, d, eps, unit_offset);
 }
 
 // Rows [row0, row0 + nrows) of y [rows, dv] (nrows at most the block's warps) from their

@@ -1385,7 +1385,15 @@ pub(crate) fn fused(
             ];
             // A block of up to 1024 threads a row keeps the row in registers (nn.cu).
             let block = d.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32;
-            gpu.launch("add_rms_norm", (n / d.max(1)) as u32, block, 0, &args)
+            // `MLXCEL_ARN_RAW=1`: the form that requests every value as raw bits in one batch
+            // (nn.cu add_rms_norm_raw; opt-in, not yet measured).
+            static RAW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            let name = if switch(&RAW, "MLXCEL_ARN_RAW", false) {
+                "add_rms_norm_raw"
+            } else {
+                "add_rms_norm"
+            };
+            gpu.launch(name, (n / d.max(1)) as u32, block, 0, &args)
         }
         Fused::RopeKvWrite { rope } => {
             let r = &graph.nodes[*rope];
