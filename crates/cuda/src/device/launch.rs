@@ -2298,8 +2298,10 @@ pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static 
 /// launch ahead. Opt-in (`MLXCEL_PDL_ATTENTION=1`), not yet measured on a GPU.
 fn early_attention(name: &str) -> Option<&'static str> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("MLXCEL_PDL_ATTENTION").is_ok_and(|v| v == "1"));
-    on.then(|| early_name(name)).flatten().map(intern)
+    switch(&ON, "MLXCEL_PDL_ATTENTION", false)
+        .then(|| early_name(name))
+        .flatten()
+        .map(intern)
 }
 
 /// `attention_lanes_early_{D}` for `attention_lanes_{D}`; None for the other lanes kernels.

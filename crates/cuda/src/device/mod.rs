@@ -1070,8 +1070,7 @@ fn programmatic(weights: usize) -> bool {
 /// plain launches.
 fn small_programmatic(weights: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| !std::env::var("MLXCEL_PDL_SMALL").is_ok_and(|v| v == "0"));
-    on && weights > 0 && weights <= 1 << 20
+    launch::switch(&ON, "MLXCEL_PDL_SMALL", true) && weights > 0 && weights <= 1 << 20
 }
 
 /// One kernel argument, by the C type of the kernel's parameter.
