@@ -6,8 +6,8 @@
 # - MLXCEL_ARN_RAW=1: add_rms_norm requesting every value (the norm's weights too) as raw bits
 #   in one batch, converted after (add_rms_norm_raw).
 # Checks of the build, the same checks with both set, then decode with each against neither,
-# alternating, two rounds (the MoE, which runs add_rms_norm every layer, and the 8B presets),
-# and one round of the small presets for the attention.
+# alternating, two rounds (the MoE, which runs add_rms_norm every layer, and the 8B presets).
+# The small presets are session25b.sh's (one call holds at most 600 s).
 source "$(dirname "$0")/common.sh"
 checked_report
 rlog "== checks with MLXCEL_PDL_ATTENTION=1 MLXCEL_ARN_RAW=1 [t=$((SECONDS - t0))]"
@@ -23,10 +23,6 @@ for p in llama-3.1-8b-4bit qwen3-8b-4bit; do
     rrun bench early$i-$p $p MLXCEL_PDL_ATTENTION=1
     rrun bench plain$i-$p $p
   done
-done
-for p in qwen2.5-0.5b-bf16 gemma3-1b-4bit llama-3.2-1b-4bit; do
-  rrun bench early-$p $p MLXCEL_PDL_ATTENTION=1
-  rrun bench plain-$p $p
 done
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
