@@ -1108,9 +1108,14 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
     for (int m = 0; m < NM; m++)
       if (in) tc_scale_runs<X>(acc[m], cc[m], sc[m], bi[m], s0, s1, o0, o1);
   };
-  Chunk a;
+  // DB: two chunks in flight, both of the first two requested before x is staged (where the
+  // norm in front takes a block-wide sum and two trips to L2, all of a warp's weights of a
+  // k = 8 · 256 · warps tile are on their way meanwhile), then the next one's loads out while
+  // this one's products run.
+  Chunk a, b;
   if (stage) pdl_trigger();
   if (warp < chunks) fetch(warp, a);
+  if (DB && warp + warps < chunks) fetch(warp + warps, b);
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -1120,14 +1125,13 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
       product(c, a);
       if (c + warps < chunks) fetch(c + warps, a);
     }
-  } else {  // two chunks in flight: the next one's loads are out while this one's products run
-    Chunk b;
+  } else {
     for (i64 c = warp; c < chunks; c += 2 * warps) {
-      if (c + warps < chunks) fetch(c + warps, b);
       product(c, a);
       if (c + warps >= chunks) break;
       if (c + 2 * warps < chunks) fetch(c + 2 * warps, a);
       product(c + warps, b);
+      if (c + 3 * warps < chunks) fetch(c + 3 * warps, b);
     }
   }
   __shared__ float wpart[TC_WARPS][NM][16];

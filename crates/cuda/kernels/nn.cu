@@ -1363,7 +1363,7 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
 // Inside those kernels: the products of tile `tile` (x staged where `stage`), thread i < 16's
 // sum into sums[i] through shared memory: the epilogue works the tile out anew, so nothing of
 // it lives in registers across the products.
-#define TC_ROPE_TILE_PRODUCTS(X, stage)                                                                               \
+#define TC_ROPE_TILE_PRODUCTS(X, stage, DB)                                                                           \
   {                                                                                                                   \
     int part;                                                                                                         \
     i64 row0, stride;                                                                                                 \
@@ -1372,17 +1372,18 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
     const void* sc = part == 2 ? s2 : part == 1 ? s1 : s0;                                                            \
     const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                             \
     float out[1] = {0.0f};                                                                                            \
-    tc_qdot<X, 1>(x, NORM_IN, stage, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out,     \
+    tc_qdot<X, 1, DB>(x, NORM_IN, stage, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out, \
                   stride);                                                                                            \
     if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                                 \
   }
-#define TC_QGEMV3_ROPE(XN, X, SUF, CAP)                                                                               \
+#define TC_QGEMV3_ROPE(XN, X, SUF, CAP, DB)                                                                           \
   extern "C" __global__ void CAP tc_qgemv3_rope_##XN##_4##SUF(                                                        \
       TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
     __shared__ float sums[16], head[256];                                                                             \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
-    for (int tile = blockIdx.x; tile < (int)tiles; tile += gridDim.x) {                                               \
-      TC_ROPE_TILE_PRODUCTS(X, tile == blockIdx.x);                                                                   \
+    /* DB: a block a tile (the launch's blocks all resident), no loop to keep state across */                         \
+    for (int tile = blockIdx.x, first = 1; tile < (int)tiles && (!DB || first); tile += gridDim.x, first = 0) {       \
+      TC_ROPE_TILE_PRODUCTS(X, tile == blockIdx.x, DB);                                                               \
       if (threadIdx.x >= 32) continue;                                                                                \
       __syncwarp();                                                                                                   \
       int part;                                                                                                       \
@@ -1408,10 +1409,15 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
                      scale);                                                                                          \
     }                                                                                                                 \
   }
-TC_QGEMV3_ROPE(f16, F16, , TC_GEMV_CAP)
-TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP)
-TC_QGEMV3_ROPE(f16, F16, _r0, )
-TC_QGEMV3_ROPE(bf16, BF16, _r0, )
+TC_QGEMV3_ROPE(f16, F16, , TC_GEMV_CAP, false)
+TC_QGEMV3_ROPE(bf16, BF16, , TC_GEMV_CAP, false)
+TC_QGEMV3_ROPE(f16, F16, _r0, , false)
+TC_QGEMV3_ROPE(bf16, BF16, _r0, , false)
+// Two chunks of a warp's weights in flight (tc_qdot's DB; launch.rs tc_double), at most 256
+// threads a block and three such blocks an SM (80 registers: unbounded it takes 91, two blocks).
+#define TC_DB_CAP __launch_bounds__(256, 3)
+TC_QGEMV3_ROPE(f16, F16, _db, TC_DB_CAP, true)
+TC_QGEMV3_ROPE(bf16, BF16, _db, TC_DB_CAP, true)
 
 // Thread-block clusters (sm_90): a barrier of every thread of the cluster (release and acquire:
 // shared memory written before it is seen after it), and a float of block `rank`'s shared memory
@@ -1439,12 +1445,12 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 // rows as rms_norm stores them (x · inv · w, w + 1 with unit_offset), turns them with their
 // partners and writes them; a second barrier keeps each block's sums until all have read them.
 // No ticket and no second trip to memory (tc_qgemv3_rope's with `tickets`).
-#define TC_QGEMV3_NORM_ROPE(XN, X, SUF, CAP)                                                                          \
+#define TC_QGEMV3_NORM_ROPE(XN, X, SUF, CAP, DB)                                                                      \
   extern "C" __global__ void CAP tc_qgemv3_nrope_##XN##_4##SUF(                                                       \
       TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
     __shared__ float sums[16], tile_ss;                                                                               \
     const int tile = blockIdx.x;                                                                                      \
-    TC_ROPE_TILE_PRODUCTS(X, true);                                                                                   \
+    TC_ROPE_TILE_PRODUCTS(X, true, DB);                                                                               \
     int part;                                                                                                         \
     i64 row0, stride;                                                                                                 \
     rope_tile(opaque(tile), n0, n1, d, interleaved, &part, &row0, &stride);                                           \
@@ -1477,10 +1483,12 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
     }                                                                                                                 \
     cluster_sync(); /* the cluster's sums stay until every block has read them */                                    \
   }
-TC_QGEMV3_NORM_ROPE(f16, F16, , TC_GEMV_CAP)
-TC_QGEMV3_NORM_ROPE(bf16, BF16, , TC_GEMV_CAP)
-TC_QGEMV3_NORM_ROPE(f16, F16, _r0, )
-TC_QGEMV3_NORM_ROPE(bf16, BF16, _r0, )
+TC_QGEMV3_NORM_ROPE(f16, F16, , TC_GEMV_CAP, false)
+TC_QGEMV3_NORM_ROPE(bf16, BF16, , TC_GEMV_CAP, false)
+TC_QGEMV3_NORM_ROPE(f16, F16, _r0, , false)
+TC_QGEMV3_NORM_ROPE(bf16, BF16, _r0, , false)
+TC_QGEMV3_NORM_ROPE(f16, F16, _db, TC_DB_CAP, true)
+TC_QGEMV3_NORM_ROPE(bf16, BF16, _db, TC_DB_CAP, true)
 
 // dsk_gemv3's three dense products of one row (q, k and v; its parameters and meaning) with
 // tc_qgemv3_rope's rope and cache writes in the epilogue (its parameters after dsk_gemv3's).

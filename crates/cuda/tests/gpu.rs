@@ -504,7 +504,9 @@ fn projected_rope_step(
 /// last slot, Qwen2's biases. Dense: 8, 4 and 2 rows a block (k up to 1024, 2048 and 4096),
 /// with Qwen2's biases and an interleaved rope among them. 4-bit with per-head q and k norms:
 /// Qwen3's 128-wide heads after a norm, Gemma's 1 + w over 64-wide heads at the cache's last
-/// slot, interleaved 32-wide heads with biases.
+/// slot, interleaved 32-wide heads with biases. The last two have k long enough for two chunks
+/// a warp where the warps are forced few (`MLXCEL_TC_WARPS=2` with `MLXCEL_TC_DB_QKV=1` takes
+/// the double-buffered launches there).
 #[allow(clippy::type_complexity)]
 const PROJECTED_ROPE: [(
     mlxcel_core::DType,
@@ -512,7 +514,7 @@ const PROJECTED_ROPE: [(
     (usize, u32),
     (bool, bool, bool, Option<bool>),
     (usize, usize),
-); 10] = [
+); 12] = [
     (
         mlxcel_core::DType::F16,
         (4, 2, 64),
@@ -582,6 +584,20 @@ const PROJECTED_ROPE: [(
         (256, 4),
         (true, true, true, Some(false)),
         (3, 8),
+    ),
+    (
+        mlxcel_core::DType::F16,
+        (8, 2, 128),
+        (2048, 4),
+        (false, true, false, None),
+        (20, 32),
+    ),
+    (
+        mlxcel_core::DType::BF16,
+        (8, 2, 128),
+        (1344, 4),
+        (false, true, false, Some(false)),
+        (11, 16),
     ),
 ];
 

@@ -1802,13 +1802,33 @@ fn products_rope(
             grid: (total / 16) as u32,
             ..l
         };
-        return gpu.launch_gemv_clusters(&l, cluster, &args);
+        return gpu.launch_gemv_clusters(&tc_double(gpu, l, kx)?, cluster, &args);
     }
     let l = GemvLaunch {
         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),
         ..l
     };
-    gpu.launch_gemv(&l, &args)
+    gpu.launch_gemv(&tc_double(gpu, l, kx)?, &args)
+}
+
+/// The double-buffered form (`_db`: gemv.cu tc_qdot's DB) of the q, k and v products' launch
+/// `l` (nn.cu `tc_qgemv3_rope`, `tc_qgemv3_nrope`) over k: each warp keeps two chunks of its
+/// weights in flight, the first two requested before x is staged, so with the add + RMSNorm in
+/// front (a block-wide sum and two trips to L2) a warp of two chunks a tile has all its weights
+/// on their way before the norm. Where blocks are of 256 threads at most (the form's bound),
+/// each warp has two chunks or more, and the device holds every block of the launch at once
+/// (the form runs a block a tile, no loop). Opt-in until measured: `MLXCEL_TC_DB_QKV=1`.
+fn tc_double(gpu: &Gpu, l: GemvLaunch, k: usize) -> Result<GemvLaunch> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !switch(&ON, "MLXCEL_TC_DB_QKV", false) || l.block > 256 || k.div_ceil(256) < 2 * (l.block as usize / 32) {
+        return Ok(l);
+    }
+    let name = intern(format!("{}_db", l.name.trim_end_matches("_r0")));
+    Ok(if l.grid <= gpu.resident_blocks(name, l.block, l.smem)? {
+        GemvLaunch { name, ..l }
+    } else {
+        l
+    })
 }
 
 /// The arguments of the per-head q and k norms a launch applies (nn.cu `rope_qkv_norm_write`,
