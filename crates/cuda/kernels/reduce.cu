@@ -142,7 +142,8 @@ REDUCE_KERNELS(bf16, BF16)
 // [rows, k], as mul (rounded to dt) then a sum over the middle axis. A warp an output: lane j
 // takes expert j (k <= 32), and the lanes add in the order the plain 256-thread reduction does
 // (warp 0's butterfly, lane 0's value), so the result equals the unfused graph's.
-extern "C" __global__ void weighted_sum(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d, void* out) {
+__device__ __forceinline__ void weighted_sum_warp(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d,
+                                                  void* out) {
   const i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (o >= rows * d) return;
@@ -150,6 +151,17 @@ extern "C" __global__ void weighted_sum(const void* y, const void* w, int dt, i6
   const float v = lane < k ? round_to(ldf(y, dt, (r * k + lane) * d + c) * ldf(w, dt, r * k + lane), dt) : 0.0f;
   const float s = warp_sum(v);
   if (lane == 0) stf(out, dt, o, s);
+}
+extern "C" __global__ void weighted_sum(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d, void* out) {
+  weighted_sum_warp(y, w, dt, rows, k, d, out);
+}
+// The same, letting the next launch start at once (launch.rs, MLXCEL_PDL_COMBINE=1): in a
+// decode step the next layer's q, k and v products, launched programmatically, then request
+// their first weights while the combine runs.
+extern "C" __global__ void weighted_sum_pdl(const void* y, const void* w, int dt, i64 rows, i64 k, i64 d,
+                                            void* out) {
+  pdl_trigger();
+  weighted_sum_warp(y, w, dt, rows, k, d, out);
 }
 
 // The same for many rows (prefill): a thread an output, adding as warp_sum's butterfly leaves

@@ -92,6 +92,16 @@ const REGISTER_LIMITS: &[(&str, u32, &str)] = &[
 /// REGISTER_LIMITS stay within theirs. ptxas comes from `$MLXCEL_PTXAS` or PATH (PyPI:
 /// nvidia-cuda-nvcc); without it the check prints a notice and skips, unless
 /// MLXCEL_REQUIRE_PTXAS=1 (set by CI).
+/// Kernels allowed a few bytes of spill (name, bytes); no other kernel may spill.
+/// The `_db4` and `_db4a` GLUs (opt-in): at their 128-register bound two loop-invariant values
+/// go to the stack at the start and come back once a tile, at the block sum.
+const SPILLS_ALLOWED: &[(&str, u32)] = &[
+    ("tc_qglu_f16_4_db4", 8),
+    ("tc_qglu_bf16_4_db4", 8),
+    ("tc_qglu_f16_4_db4a", 8),
+    ("tc_qglu_bf16_4_db4a", 8),
+];
+
 fn check_registers(ptx: &str) {
     let ptxas = std::env::var_os("MLXCEL_PTXAS").unwrap_or_else(|| "ptxas".into());
     let dir = std::env::temp_dir().join(format!("mlxcel-ptxas-{}", std::process::id()));
@@ -144,7 +154,10 @@ fn check_registers(ptx: &str) {
         "ptxas reported {} kernels:\n{log}",
         registers.len()
     );
-    let spilling: Vec<_> = registers.iter().filter(|(_, &(_, s))| s > 0).collect();
+    let spilling: Vec<_> = registers
+        .iter()
+        .filter(|(name, &(_, s))| s > SPILLS_ALLOWED.iter().find(|a| a.0 == name.as_str()).map_or(0, |a| a.1))
+        .collect();
     assert!(
         spilling.is_empty(),
         "kernels that spill (registers, spill bytes): {spilling:?}"
@@ -775,13 +788,17 @@ fn fused_decode_patterns_match_the_cpu_backend() {
     }
     // Gemma's GELU (tanh) gated MLP through the same fused kernels: 4-bit (CUDA cores, k not a
     // multiple of 64; tensor cores, with chunks that end in 192 values, or in a half chunk as
-    // Gemma 3 1B's k = 1152 does) and dense, one row.
+    // Gemma 3 1B's k = 1152 does) and dense, one row. k = 2048 is 8 chunks: with 4 warps, 2
+    // blocks at most and the 4-warp double buffer that requests the next tile's chunks ahead
+    // (MLXCEL_TC_WARPS=4 MLXCEL_TC_BLOCKS=2 MLXCEL_TC_DB4=2 MLXCEL_TC_DB_GLU=0), a block's
+    // second tile starts on chunks requested during its first.
     for (act, wdt, bits, k, group) in [
         (DType::BF16, DType::BF16, 4u32, 96usize, 32usize),
         (DType::BF16, DType::BF16, 4, 192, 64),
         (DType::F16, DType::F16, 4, 448, 64),
         (DType::F16, DType::F16, 4, 256, 64),
         (DType::BF16, DType::BF16, 4, 1152, 64),
+        (DType::F16, DType::F16, 4, 2048, 64),
         (DType::BF16, DType::BF16, 0, 192, 64),
     ] {
         let n = 48;

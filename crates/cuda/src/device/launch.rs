@@ -1459,7 +1459,13 @@ pub(crate) fn fused(
                 }
                 return gpu.launch("weighted_sum_rows", blocks(rows * d), THREADS, 0, &args);
             }
-            gpu.launch("weighted_sum", (rows * d).div_ceil(8) as u32, 256, 0, &args)
+            static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            let name = if switch(&EARLY, "MLXCEL_PDL_COMBINE", false) {
+                "weighted_sum_pdl"
+            } else {
+                "weighted_sum"
+            };
+            gpu.launch(name, (rows * d).div_ceil(8) as u32, 256, 0, &args)
         }
         Fused::ActMul { act, u } => {
             let Op::Unary(op) = graph.nodes[*act].op else {
@@ -1811,6 +1817,14 @@ fn products_rope(
     gpu.launch_gemv(&tc_double(gpu, l, kx)?, &args)
 }
 
+/// `MLXCEL_TC_BLOCKS=N`: at most N blocks for the tensor-core GEMVs whose blocks loop over row
+/// tiles (Gpu::launch_gemv), so that small test shapes take several tiles a block; for checks,
+/// not speed. The loop-free double-buffered q, k and v launch ([`tc_double`]) is then not taken.
+pub(crate) fn tc_block_cap() -> Option<u32> {
+    static CAP: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| env_usize("MLXCEL_TC_BLOCKS").filter(|&n| n > 0).map(|n| n as u32))
+}
+
 /// The double-buffered form (`_db`: gemv.cu tc_qdot's DB) of the q, k and v products' launch
 /// `l` (nn.cu `tc_qgemv3_rope`, `tc_qgemv3_nrope`) over k: each warp keeps two chunks of its
 /// weights in flight, the first two requested before x is staged, so with the add + RMSNorm in
@@ -1820,7 +1834,12 @@ fn products_rope(
 /// (the form runs a block a tile, no loop). Opt-in until measured: `MLXCEL_TC_DB_QKV=1`.
 fn tc_double(gpu: &Gpu, l: GemvLaunch, k: usize) -> Result<GemvLaunch> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !switch(&ON, "MLXCEL_TC_DB_QKV", false) || l.block > 256 || k.div_ceil(256) < 2 * (l.block as usize / 32) {
+    let one_round = tc_block_cap().is_none();
+    if !switch(&ON, "MLXCEL_TC_DB_QKV", false)
+        || !one_round
+        || l.block > 256
+        || k.div_ceil(256) < 2 * (l.block as usize / 32)
+    {
         return Ok(l);
     }
     let name = intern(format!("{}_db", l.name.trim_end_matches("_r0")));

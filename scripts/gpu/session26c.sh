@@ -1,24 +1,13 @@
 #!/usr/bin/env bash
-# GPU, session 25's second call: the early attention (MLXCEL_PDL_ATTENTION=1) on the small
-# presets; issue 7's Gemma check (gemma3-1b against llama-as-gemma3-1b, same bytes a token);
-# the dense 8B step under switches that earlier sessions measured on older kernels
-# (every tensor-core GEMV programmatic, blocks sized to equal tile counts, the cp.async ring);
-# and where the batch-1 GLU's warps stall, instruction by instruction (Nsight Compute's source
-# page, SASS, on gemv_throughput's GLU), into $OUT/ncu-src-glu.csv.gz.
+# GPU, session 26's third call: the dense 8B step under switches that earlier sessions
+# measured on older kernels (every tensor-core GEMV programmatic, blocks sized to equal tile
+# counts, the cp.async ring); and where the batch-1 GLU's warps stall, instruction by
+# instruction (Nsight Compute's source page, SASS, on gemv_throughput's GLU), into
+# $OUT/ncu-src-glu.csv.gz.
 source "$(dirname "$0")/common.sh"
 unpack_ptx
 t0=$SECONDS
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
-rlog "== small presets: early attention / plain [t=$((SECONDS - t0))]"
-for p in qwen2.5-0.5b-bf16 gemma3-1b-4bit llama-3.2-1b-4bit; do
-  rrun bench early-$p $p MLXCEL_PDL_ATTENTION=1
-  rrun bench plain-$p $p
-done
-rlog "== issue 7's Gemma check: gemma3-1b against its Llama twin [t=$((SECONDS - t0))]"
-for i in 1 2; do
-  rrun bench gemma$i gemma3-1b-4bit
-  rrun bench twin$i llama-as-gemma3-1b-4bit
-done
 rlog "== llama-3.1-8b: PDL all / persist 2 / ring 4 + PDL / plain [t=$((SECONDS - t0))]"
 for i in 1 2; do
   rrun bench pdl$i llama-3.1-8b-4bit MLXCEL_PDL=1
