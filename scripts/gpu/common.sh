@@ -157,13 +157,17 @@ serve_steps() {
 rlog() { echo "$*" >> $OUT/report.txt; }
 rrun() { "$@" >> $OUT/report.txt 2>&1; }
 
-# checked_report: how a measuring script starts. The kernels' cache unpacked, the GPU's name
-# as the report's first line, the checks of the build under it; t0 set for elapsed times
-# (`[t=$((SECONDS - t0))]`).
-checked_report() {
+# started_report: how a measuring script starts. The kernels' cache unpacked, the GPU's name
+# as the report's first line; t0 set for elapsed times (`[t=$((SECONDS - t0))]`).
+started_report() {
   unpack_ptx
   t0=$SECONDS
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
+}
+
+# checked_report: started_report, then the checks of the build under the GPU's name.
+checked_report() {
+  started_report
   rlog "== checks"
   rrun checks_in_full
 }

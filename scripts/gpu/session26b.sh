@@ -5,9 +5,7 @@
 # the small presets; issue 7's Gemma check (gemma3-1b against llama-as-gemma3-1b, the same
 # bytes a token).
 source "$(dirname "$0")/common.sh"
-unpack_ptx
-t0=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
+started_report
 rlog "== MoE: early attention / raw add_rms_norm / early combine / none [t=$((SECONDS - t0))]"
 for i in 1 2; do
   rrun bench early$i-moe qwen3-30b-a3b-4bit MLXCEL_PDL_ATTENTION=1

@@ -5,9 +5,7 @@
 # instruction (Nsight Compute's source page, SASS, on gemv_throughput's GLU), into
 # $OUT/ncu-src-glu.csv.gz.
 source "$(dirname "$0")/common.sh"
-unpack_ptx
-t0=$SECONDS
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > $OUT/report.txt
+started_report
 rlog "== llama-3.1-8b: PDL all / persist 2 / ring 4 + PDL / plain [t=$((SECONDS - t0))]"
 for i in 1 2; do
   rrun bench pdl$i llama-3.1-8b-4bit MLXCEL_PDL=1
