@@ -1381,7 +1381,7 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
       TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
     __shared__ float sums[16], head[256];                                                                             \
     const i64 tiles = (n0 + n1 + n2) / 16;                                                                            \
-    /* DB: a block a tile (the launch's blocks all resident), no loop to keep state across */                         \
+    /* DB: a block a tile (launched with grid = tiles), no loop to keep state across */                               \
     for (int tile = blockIdx.x, first = 1; tile < (int)tiles && (!DB || first); tile += gridDim.x, first = 0) {       \
       TC_ROPE_TILE_PRODUCTS(X, tile == blockIdx.x, DB);                                                               \
       if (threadIdx.x >= 32) continue;                                                                                \

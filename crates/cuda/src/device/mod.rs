@@ -198,7 +198,7 @@ fn double_buffered(name: &str) -> Option<&'static str> {
 }
 
 /// The double-buffered GLU bounded to four 128-thread blocks an SM (`_db4`, 128 registers) for
-/// 4-warp blocks of GLU `name`, opt-in until measured: `MLXCEL_TC_DB4=1` takes it, `=2` its
+/// 4-warp blocks of GLU `name` where the unbounded `_db` was not taken, opt-in until measured: `MLXCEL_TC_DB4=1` takes it, `=2` its
 /// form that requests each next tile's first chunks during the tile before (`_db4a`).
 /// llama-3.1-8b's 896 tiles take two rounds on its 528 blocks as on the plain kernel's 660,
 /// where the unbounded form's 396 take three.
