@@ -14,12 +14,15 @@
 # - MLXCEL_PDL_COMBINE=1: the MoE combine (weighted_sum_pdl) lets the next layer's q, k and v
 #   products start at once.
 # Also in this build, by default: tc_qdot's double buffer requests its first two chunks before
-# x is staged (the _db GLU that qwen3-8b takes), measured against .gpu/old (main before it).
+# x is staged (the _db GLU that qwen3-8b takes), measured in session26b.sh against .gpu/old:
+# the build of 0c0588e (main before it; restage.sh there, then its stripped bin/mlxcel and its
+# ptx-*.cubin.gz into .gpu/old of this build's staging).
 # Checks of the build; the same with every opt-in set; the fused patterns with few warps, so
 # the q, k and v cases take their double buffer (2 warps) and the GLU cases _db4 (4 warps,
 # the unbounded _db barred, at most 2 blocks so that blocks take several tiles; and the default
-# kernels so, MLXCEL_TC_BLOCKS=2); then decode, alternating, two rounds. session26b.sh: the MoE and
-# small presets; session26c.sh: dense switches and the GLU's source-level stalls.
+# kernels so, MLXCEL_TC_BLOCKS=2); then llama-3.1-8b's decode, alternating, two rounds.
+# session26b.sh: qwen3-8b (the default _db GLU against .gpu/old), the MoE and small presets;
+# session26c.sh: dense switches and the GLU's source-level stalls.
 source "$(dirname "$0")/common.sh"
 checked_report
 all="MLXCEL_PDL_ATTENTION=1 MLXCEL_ARN_RAW=1 MLXCEL_TC_DB_QKV=1 MLXCEL_TC_DB4=2 MLXCEL_PDL_COMBINE=1"
@@ -35,7 +38,7 @@ rrun fused MLXCEL_TC_DB_QKV=1 MLXCEL_TC_WARPS=2
 rrun fused MLXCEL_TC_DB4=1 MLXCEL_TC_DB_GLU=0 MLXCEL_TC_WARPS=4 MLXCEL_TC_BLOCKS=2
 rrun fused MLXCEL_TC_DB4=2 MLXCEL_TC_DB_GLU=0 MLXCEL_TC_WARPS=4 MLXCEL_TC_BLOCKS=2
 rrun fused MLXCEL_TC_BLOCKS=2
-rlog "== 8B: q/k/v double-buffered / GLU _db4 / both / early attention / plain / old [t=$((SECONDS - t0))]"
+rlog "== llama-3.1-8b: q/k/v double-buffered / GLU _db4, _db4a / both / early attention / plain / old [t=$((SECONDS - t0))]"
 for i in 1 2; do
   rrun bench dbqkv$i-llama llama-3.1-8b-4bit MLXCEL_TC_DB_QKV=1
   rrun bench db4-$i-llama llama-3.1-8b-4bit MLXCEL_TC_DB4=1
@@ -44,12 +47,6 @@ for i in 1 2; do
   rrun bench early$i-llama llama-3.1-8b-4bit MLXCEL_PDL_ATTENTION=1
   rrun bench plain$i-llama llama-3.1-8b-4bit
   rrun old old$i-llama llama-3.1-8b-4bit
-done
-for i in 1 2; do
-  rrun bench dbqkv$i-qwen3 qwen3-8b-4bit MLXCEL_TC_DB_QKV=1
-  rrun bench early$i-qwen3 qwen3-8b-4bit MLXCEL_PDL_ATTENTION=1
-  rrun bench plain$i-qwen3 qwen3-8b-4bit
-  rrun old old$i-qwen3 qwen3-8b-4bit
 done
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
