@@ -803,8 +803,8 @@ template <class X, bool ODD> __device__ __forceinline__ unsigned tc_nibbles(unsi
 // unless a rope's pairs need others, tc_qgemv3_rope); the block's warps are summed and thread
 // i < 16 returns row a's (i = g) or row b's (i = g + 8) in out[m]. The tile-packed layout takes
 // bstride 8 only. x is staged when `stage`
-// (a block's first tile; its later tiles reuse it). A warp's first chunk of
-// weights is requested before x is staged. (Measured slower on the H200: requesting the next
+// (a block's first tile; its later tiles reuse it). A warp's first chunk of weights (with DB,
+// its first two) is requested before x is staged. (Measured slower on the H200: requesting the next
 // chunk before computing the current one, and four independent mma accumulator chains.)
 
 // 8 16-bit values (0..7) in the order (0,4,1,5,2,6,3,7), the nibble pairs' that one mask of a

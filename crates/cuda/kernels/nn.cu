@@ -1373,7 +1373,7 @@ __device__ __forceinline__ void norm_rope_head(int part, i64 row0, i64 c, float 
     const void* z = part == 2 ? z2 : part == 1 ? z1 : z0;                                                             \
     float out[1] = {0.0f};                                                                                            \
     tc_qdot<X, 1, DB>(x, NORM_IN, stage, &w, &sc, &z, sdt, row0, part == 2 ? n2 : part == 1 ? n1 : n0, k, group, out, \
-                  stride);                                                                                            \
+                      stride);                                                                                        \
     if (threadIdx.x < 16) sums[threadIdx.x] = out[0];                                                                 \
   }
 #define TC_QGEMV3_ROPE(XN, X, SUF, CAP, DB)                                                                           \

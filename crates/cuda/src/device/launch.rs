@@ -1834,9 +1834,8 @@ pub(crate) fn tc_block_cap() -> Option<u32> {
 /// (the form runs a block a tile, no loop). Opt-in until measured: `MLXCEL_TC_DB_QKV=1`.
 fn tc_double(gpu: &Gpu, l: GemvLaunch, k: usize) -> Result<GemvLaunch> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let one_round = tc_block_cap().is_none();
     if !switch(&ON, "MLXCEL_TC_DB_QKV", false)
-        || !one_round
+        || tc_block_cap().is_some()
         || l.block > 256
         || k.div_ceil(256) < 2 * (l.block as usize / 32)
     {

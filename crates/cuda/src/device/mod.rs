@@ -198,28 +198,24 @@ fn double_buffered(name: &str) -> Option<&'static str> {
 }
 
 /// The double-buffered GLU bounded to four 128-thread blocks an SM (`_db4`, 128 registers) for
-/// 4-warp blocks of GLU `name` where the unbounded `_db` was not taken, opt-in until measured: `MLXCEL_TC_DB4=1` takes it, `=2` its
-/// form that requests each next tile's first chunks during the tile before (`_db4a`).
-/// llama-3.1-8b's 896 tiles take two rounds on its 528 blocks as on the plain kernel's 660,
-/// where the unbounded form's 396 take three.
+/// 4-warp blocks of GLU `name` where the unbounded `_db` was not taken, opt-in until measured:
+/// `MLXCEL_TC_DB4=1` takes it, `=2` its form that requests each next tile's first chunks during
+/// the tile before (`_db4a`). llama-3.1-8b's 896 tiles take two rounds on its 528 blocks as on
+/// the plain kernel's 660, where the unbounded form's 396 take three.
 fn bounded_double(name: &str, block: u32) -> Option<&'static str> {
     static MODE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| launch::env_usize("MLXCEL_TC_DB4").unwrap_or(0));
     if block != 128 || mode == 0 {
         return None;
     }
-    let ahead = mode == 2;
+    let (f16, bf16) = if mode == 2 {
+        ("tc_qglu_f16_4_db4a", "tc_qglu_bf16_4_db4a")
+    } else {
+        ("tc_qglu_f16_4_db4", "tc_qglu_bf16_4_db4")
+    };
     match name {
-        "tc_qglu_f16_4" => Some(if ahead {
-            "tc_qglu_f16_4_db4a"
-        } else {
-            "tc_qglu_f16_4_db4"
-        }),
-        "tc_qglu_bf16_4" => Some(if ahead {
-            "tc_qglu_bf16_4_db4a"
-        } else {
-            "tc_qglu_bf16_4_db4"
-        }),
+        "tc_qglu_f16_4" => Some(f16),
+        "tc_qglu_bf16_4" => Some(bf16),
         _ => None,
     }
 }
