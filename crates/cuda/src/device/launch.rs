@@ -1808,13 +1808,13 @@ fn products_rope(
             grid: (total / 16) as u32,
             ..l
         };
-        return gpu.launch_gemv_clusters(&tc_double(gpu, l, kx)?, cluster, &args);
+        return gpu.launch_gemv_clusters(&tc_double(gpu, l, kx, true)?, cluster, &args);
     }
     let l = GemvLaunch {
         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),
         ..l
     };
-    gpu.launch_gemv(&tc_double(gpu, l, kx)?, &args)
+    gpu.launch_gemv(&tc_double(gpu, l, kx, false)?, &args)
 }
 
 /// `MLXCEL_TC_BLOCKS=N`: at most N blocks for the tensor-core GEMVs whose blocks loop over row
@@ -1831,10 +1831,14 @@ pub(crate) fn tc_block_cap() -> Option<u32> {
 /// front (a block-wide sum and two trips to L2) a warp of two chunks a tile has all its weights
 /// on their way before the norm. Where blocks are of 256 threads at most (the form's bound),
 /// each warp has two chunks or more, and the device holds every block of the launch at once
-/// (the form runs a block a tile, no loop). Opt-in until measured: `MLXCEL_TC_DB_QKV=1`.
-fn tc_double(gpu: &Gpu, l: GemvLaunch, k: usize) -> Result<GemvLaunch> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !switch(&ON, "MLXCEL_TC_DB_QKV", false)
+/// (the form runs a block a tile, no loop). By default only for the launch without per-head
+/// norms (`clustered` false; H100, session 26: llama-3.1-8b 361 → 366 tok/s with the early
+/// attention, where qwen3-8b's clustered form lost 333 → 307); `MLXCEL_TC_DB_QKV=1` takes it
+/// for the clustered launch too, `=0` for neither.
+fn tc_double(gpu: &Gpu, l: GemvLaunch, k: usize, clustered: bool) -> Result<GemvLaunch> {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_TC_DB_QKV").ok().map(|v| v == "1"));
+    if !mode.unwrap_or(!clustered)
         || tc_block_cap().is_some()
         || l.block > 256
         || k.div_ceil(256) < 2 * (l.block as usize / 32)
@@ -2333,10 +2337,12 @@ pub(crate) fn rope_attention_kernel(graph: &Graph, i: usize) -> Option<&'static 
 /// The programmatic form of lanes kernel `name` (`attention_lanes_early_{D}`, nn.cu EARLY: a head
 /// a block, dense caches), which requests its first round of keys and values but the newest
 /// row's (the step's write position, the length's last) before waiting for the q, k and v
-/// launch ahead. Opt-in (`MLXCEL_PDL_ATTENTION=1`), not yet measured on a GPU.
+/// launch ahead. By default (H100, session 26: llama-3.1-8b 356 → 361 tok/s, qwen3-8b 333 →
+/// 339, gemma3-1b 762 → 773, llama-3.2-1b 1331 → 1363; qwen2.5-0.5b within its noise);
+/// `MLXCEL_PDL_ATTENTION=0`: the plain lanes kernel.
 fn early_attention(name: &str) -> Option<&'static str> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch(&ON, "MLXCEL_PDL_ATTENTION", false)
+    switch(&ON, "MLXCEL_PDL_ATTENTION", true)
         .then(|| early_name(name))
         .flatten()
         .map(intern)

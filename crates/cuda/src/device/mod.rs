@@ -883,12 +883,14 @@ impl Gpu {
     }
 
     /// A GEMV launch; a tensor-core one whose blocks loop over row tiles (staging x once) gets
-    /// only as many blocks as the device holds at once (`MLXCEL_TC_PERSIST=0`: a block a tile;
-    /// `=2`: no more blocks than it takes for each to do the same number of tiles, the most any
-    /// block does anyway, so none idles while others do a last tile).
+    /// no more blocks than the device holds at once, and no more than it takes for each to do
+    /// the same number of tiles (the most any block does anyway), so none idles while others
+    /// do a last tile, and fewer blocks contend for the same bandwidth (H100, session 26,
+    /// llama-3.1-8b: 367 → 374 tok/s, with every product programmatic 375 → 388).
+    /// `MLXCEL_TC_PERSIST=1`: as many blocks as are held at once; `=0`: a block a tile.
     fn launch_gemv(&self, l: &launch::GemvLaunch, args: &[Arg]) -> Result<()> {
         static PERSIST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let persist = *PERSIST.get_or_init(|| launch::env_usize("MLXCEL_TC_PERSIST").unwrap_or(1));
+        let persist = *PERSIST.get_or_init(|| launch::env_usize("MLXCEL_TC_PERSIST").unwrap_or(2));
         let mut grid = l.grid;
         let mut name = l.name;
         let tensor_cores = name.starts_with("tc_qgemv") || name.starts_with("tc_qglu");
@@ -1081,14 +1083,18 @@ fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
 
 /// Whether a tensor-core GEMV reading `weights` bytes of one matrix is launched with
 /// programmatic dependent launch (it starts while the kernel ahead drains and requests its first
-/// weights): by default where the matrix is at most 16 MiB, the short, latency-bound products
-/// whose start the previous kernel's tail hides (H100, all of them programmatic: smollm2-135m
-/// 871.7 → 959.4 tok/s, llama-3.2-1b 967.6 → 1021.7, but llama-3.1-8b 275.8 → 271.5, whose large
-/// products then compete with the kernel ahead for bandwidth). `MLXCEL_PDL=1`: every one;
-/// `MLXCEL_PDL=0`: none.
+/// weights): by default every one. Once, only matrices up to 16 MiB were (llama-3.1-8b 275.8 →
+/// 271.5 tok/s with all, its large products competing with the kernel ahead for bandwidth);
+/// with today's kernels all of them gain (H100, session 26: llama-3.1-8b 367 → 375, with
+/// [`Gpu::launch_gemv`]'s even split of tiles 388; qwen3-8b 339 → 361, 363 with the split).
+/// `MLXCEL_PDL=small`: the 16 MiB rule; `MLXCEL_PDL=0`: none.
 fn programmatic(weights: usize) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let mode = MODE.get_or_init(|| std::env::var("MLXCEL_PDL").ok().map(|v| v == "1"));
+    let mode = MODE.get_or_init(|| match std::env::var("MLXCEL_PDL").as_deref() {
+        Ok("small") => None,
+        Ok(v) => Some(v != "0"),
+        Err(_) => Some(true),
+    });
     mode.unwrap_or(weights <= 16 << 20)
 }
 
