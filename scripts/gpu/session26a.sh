@@ -22,7 +22,7 @@
 # the unbounded _db barred, at most 2 blocks so that blocks take several tiles; and the default
 # kernels so, MLXCEL_TC_BLOCKS=2); then llama-3.1-8b's decode, alternating, two rounds.
 # session26b.sh: qwen3-8b (the default _db GLU against .gpu/old), the MoE and small presets;
-# session26c.sh: dense switches and the GLU's source-level stalls.
+# session26c.sh (run as part of session26d.sh): dense switches and the GLU's source-level stalls.
 source "$(dirname "$0")/common.sh"
 checked_report
 all="MLXCEL_PDL_ATTENTION=1 MLXCEL_ARN_RAW=1 MLXCEL_TC_DB_QKV=1 MLXCEL_TC_DB4=2 MLXCEL_PDL_COMBINE=1"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU, session 26's third call: after session26a/b (early attention won on the 8B presets, lost
 # on qwen2.5-0.5b; q/k/v double-buffering lost on qwen3-8b, _db4/_db4a lost on llama), the early
-# attention with the other opt-ins, qwen2.5-0.5b again; then session26c.sh's runs.
+# attention with the other opt-ins, qwen2.5-0.5b again; then what session26c.sh (prepared in
+# session 25, removed once folded in here) would have run.
 source "$(dirname "$0")/common.sh"
 started_report
 rlog "== llama-3.1-8b: early / early + q/k/v DB / early + raw norm [t=$((SECONDS - t0))]"
