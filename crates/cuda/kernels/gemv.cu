@@ -951,21 +951,10 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
 // warp's loads is 512 contiguous bytes and a tile is one contiguous run. Scales and biases
 // follow the same order: each chunk's 16 rows of 256 / group values, row by row.
 #define Q4_PACKED (1 << 16)
-// One chunk of a warp's weights in tc_qdot, a lane's share: its words and 16-bit scale | bias pairs.
-template <int NM> struct TcChunk {
-  uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
-  unsigned sb[NM][4];   // each matrix's four 16-bit scale | bias pairs
-};
-// With DB, a block looping over tiles may pass `carry` (two chunks it keeps across its tiles)
-// and the next tile's first row (`next_row0`, -1 for none): where each warp has an even number
-// of chunks a tile (the same number for all), the last two fetches request the next tile's
-// first two chunks instead of none, so its weights are on their way through this tile's block
-// sum; tc_qdot then returns true, and the next call, given `carried`, starts on them.
 template <class X, int NM, bool DB = false>
-__device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
+__device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
-                                        i64 k, int group, float* out, i64 bstride = 8, TcChunk<NM>* carry = nullptr,
-                                        bool carried = false, i64 next_row0 = -1) {
+                                        i64 k, int group, float* out, i64 bstride = 8) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -981,25 +970,22 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
   const int gshift = group == 32 ? 0 : group == 64 ? 1 : 2;
-  typedef TcChunk<NM> Chunk;
-  // This lane's rows a and b of the tile at row0 (clamped to the last row), as offsets of their
-  // first packed word and first group, made once a tile: the chunk loop only adds the chunk's.
+  struct Chunk {
+    uint4 q[NM][2][2];  // [matrix][row a, b][word t, t + 4]
+    unsigned sb[NM][4];   // each matrix's four 16-bit scale | bias pairs
+  };
+  // This lane's rows a and b of the tile (clamped to the last row), as offsets of their first
+  // packed word and first group, made once: the chunk loop only adds the chunk's.
   // 32-bit: the launch keeps n · k / 8 below 2^32.
-  struct Place {
-    i64 row0;
-    unsigned wa, wb, ga, gb;
-  };
-  auto place_of = [&](i64 r0) {
-    const i64 ra = r0 + g < n ? r0 + g : n - 1, rb = r0 + g + bstride < n ? r0 + g + bstride : n - 1;
-    return Place{r0, (unsigned)(ra * wrow), (unsigned)(rb * wrow), (unsigned)(ra * groups), (unsigned)(rb * groups)};
-  };
-  const Place here = place_of(row0);
+  const i64 ra = row0 + g < n ? row0 + g : n - 1, rb = row0 + g + bstride < n ? row0 + g + bstride : n - 1;
+  const unsigned wa = (unsigned)(ra * wrow), wb = (unsigned)(rb * wrow);
+  const unsigned ga = (unsigned)(ra * groups), gb = (unsigned)(rb * groups);
   const int iruns = (int)runs;
-  // Where of chunk c of tile p this lane's scales and biases are: runs 2t and 2t + 1 of rows a and b.
-  auto scale_at = [&](i64 c, i64* at, const Place& p) {
+  // Where of chunk c this lane's scales and biases are: runs 2t and 2t + 1 of rows a and b.
+  auto scale_at = [&](i64 c, i64* at) {
     if (packed) {
       const int per = 8 >> gshift;  // groups a chunk row
-      const i64 rows = ((p.row0 >> 4) * chunks + c) * 16;
+      const i64 rows = ((row0 >> 4) * chunks + c) * 16;
       const int g0 = (2 * t) >> gshift, g1 = (2 * t + 1) >> gshift;
       at[0] = (rows + g) * per + g0, at[1] = (rows + g) * per + g1;
       at[2] = (rows + g + 8) * per + g0, at[3] = (rows + g + 8) * per + g1;
@@ -1007,27 +993,27 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
     }
     const int run = (int)c * 8 + 2 * t;
     const unsigned g0 = run < iruns ? run >> gshift : 0, g1 = run < iruns ? (run + 1) >> gshift : 0;
-    at[0] = p.ga + g0, at[1] = p.ga + g1, at[2] = p.gb + g0, at[3] = p.gb + g1;
+    at[0] = ga + g0, at[1] = ga + g1, at[2] = gb + g0, at[3] = gb + g1;
   };
   // 16-bit scales and biases are requested with the chunk's words, a scale and its bias in one
   // register, and converted where they are used, so neither load waits for the other (f32 ones,
   // which would need twice the registers, are loaded where they are used).
-  auto fetch = [&](i64 c, Chunk& b, const Place& p) {  // chunk c of tile p (words, 16-bit scales, biases) into b
+  auto fetch = [&](i64 c, Chunk& b) {  // chunk c's words (and 16-bit scales and biases) into b
     uint4 (&q)[NM][2][2] = b.q;
     unsigned (&sb)[NM][4] = b.sb;
 #pragma unroll
     for (int m = 0; m < NM; m++) {
       if (packed) {
-        const uint4* pk = (const uint4*)w[m] + ((p.row0 >> 4) * chunks + c) * 128 + lane;
-        q[m][0][0] = __ldcs(pk);
-        q[m][1][0] = __ldcs(pk + 32);
-        q[m][0][1] = __ldcs(pk + 64);
-        q[m][1][1] = __ldcs(pk + 96);
+        const uint4* p = (const uint4*)w[m] + ((row0 >> 4) * chunks + c) * 128 + lane;
+        q[m][0][0] = __ldcs(p);
+        q[m][1][0] = __ldcs(p + 32);
+        q[m][0][1] = __ldcs(p + 64);
+        q[m][1][1] = __ldcs(p + 96);
         continue;
       }
       const unsigned word = (unsigned)c * 32 + 4 * t;  // this lane's first word of chunk c
-      const uint4* pa = (const uint4*)(w[m] + (p.wa + word));
-      const uint4* pb = (const uint4*)(w[m] + (p.wb + word));
+      const uint4* pa = (const uint4*)(w[m] + (wa + word));
+      const uint4* pb = (const uint4*)(w[m] + (wb + word));
       if ((int)c * 8 + 8 <= iruns) {  // a whole chunk (uniform across the warp): no lane's word is past k
         q[m][0][0] = __ldcs(pa);
         q[m][0][1] = __ldcs(pa + 4);
@@ -1044,7 +1030,7 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
     }
     if (sdt == 0) return;
     i64 at[4];
-    scale_at(c, at, p);
+    scale_at(c, at);
     if (packed) {
 #pragma unroll
       for (int m = 0; m < NM; m++)
@@ -1112,7 +1098,7 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
         for (int i = 0; i < 4; i++) sc[m][i] = bits_float(sb[m][i] & 0xffffu, sdt), bi[m][i] = bits_float(sb[m][i] >> 16, sdt);
     } else {
       i64 at[4];
-      scale_at(c, at, here);
+      scale_at(c, at);
 #pragma unroll
       for (int m = 0; m < NM; m++)
 #pragma unroll
@@ -1126,15 +1112,10 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
   // norm in front takes a block-wide sum and two trips to L2, all of a warp's weights of a
   // k = 8 · 256 · warps tile are on their way meanwhile), then the next one's loads out while
   // this one's products run.
-  Chunk own[2];
-  Chunk* buf = carry ? carry : own;
-  Chunk &a = buf[0], &b = buf[1];
+  Chunk a, b;
   if (stage) pdl_trigger();
-  if (!carried) {
-    if (warp < chunks) fetch(warp, a, here);
-    if (DB && warp + warps < chunks) fetch(warp + warps, b, here);
-  }
-  const bool ahead = DB && carry && next_row0 >= 0 && chunks % warps == 0 && (chunks / warps) % 2 == 0;
+  if (warp < chunks) fetch(warp, a);
+  if (DB && warp + warps < chunks) fetch(warp + warps, b);
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -1142,23 +1123,20 @@ __device__ __forceinline__ bool tc_qdot(const void* x, const NormIn& nin, bool s
   if (!DB) {
     for (i64 c = warp; c < chunks; c += warps) {
       product(c, a);
-      if (c + warps < chunks) fetch(c + warps, a, here);
+      if (c + warps < chunks) fetch(c + warps, a);
     }
   } else {
     for (i64 c = warp; c < chunks; c += 2 * warps) {
       product(c, a);
       if (c + warps >= chunks) break;
-      if (c + 2 * warps < chunks) fetch(c + 2 * warps, a, here);
-      else if (ahead) fetch(c + 2 * warps - chunks, a, place_of(next_row0));  // the warp's first of the next tile
+      if (c + 2 * warps < chunks) fetch(c + 2 * warps, a);
       product(c + warps, b);
-      if (c + 3 * warps < chunks) fetch(c + 3 * warps, b, here);
-      else if (ahead) fetch(c + 3 * warps - chunks, b, place_of(next_row0));
+      if (c + 3 * warps < chunks) fetch(c + 3 * warps, b);
     }
   }
   __shared__ float wpart[TC_WARPS][NM][16];
   tc_block_sum<NM>(acc, wpart, out);
   __syncthreads();  // the block's next tile reuses wpart
-  return ahead;
 }
 
 // Register bounds: at 64 registers a thread two 512-thread (four 256-thread) blocks fit an SM,
@@ -1213,21 +1191,18 @@ TC_QGEMV3(bf16, BF16, _r0, )
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
-#define TC_QGLU(XN, X, SUF, DB, CAP, AHEAD)                                                                           \
-  extern "C" __global__ void CAP tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,        \
-                                                      const void* zg, const unsigned* wu, const void* su,             \
-                                                      const void* zu, int sdt, void* y, int ydt, int gdt, int act,    \
-                                                      i64 n, i64 k, int group, NORM_IN_PARAMS) {                      \
+#define TC_QGLU(XN, X, SUF, DB)                                                                                        \
+  extern "C" __global__ void tc_qglu_##XN##_4##SUF(const void* x, int, const unsigned* wg, const void* sg,             \
+                                              const void* zg, const unsigned* wu, const void* su, const void* zu,     \
+                                              int sdt, void* y, int ydt, int gdt, int act, i64 n, i64 k,          \
+                                              int group, NORM_IN_PARAMS) {                                            \
     const unsigned* ws[2] = {wg, wu};                                                                                 \
     const void* ss[2] = {sg, su};                                                                                     \
     const void* zs[2] = {zg, zu};                                                                                     \
     float out[2];                                                                                                     \
-    TcChunk<2> carry[2]; /* AHEAD: the next tile's first chunks, requested during this one */                         \
-    bool carried = false;                                                                                             \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
-      const i64 row0 = tile * 16, next = row0 + 16 * (i64)gridDim.x;                                                  \
-      carried = tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, 8,         \
-                                  AHEAD ? carry : nullptr, carried, AHEAD && next < n ? next : -1);                   \
+      const i64 row0 = tile * 16;                                                                                     \
+      tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                      \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
@@ -1236,18 +1211,10 @@ TC_QGEMV(f16, F16, , TC_GEMV_CAP)
 TC_QGEMV(bf16, BF16, , TC_GEMV_CAP)
 TC_QGEMV(f16, F16, _r0, )
 TC_QGEMV(bf16, BF16, _r0, )
-TC_QGLU(f16, F16, , false, , false)
-TC_QGLU(bf16, BF16, , false, , false)
-TC_QGLU(f16, F16, _db, true, , false)
-TC_QGLU(bf16, BF16, _db, true, , false)
-// The double buffer bounded to four 128-thread blocks an SM (128 registers; unbounded it takes
-// 140, three): mod.rs bounded_double takes it for 4-warp blocks where that costs no round;
-// _db4a also requests each next tile's first chunks during the tile before (tc_qdot's carry).
-#define TC_DB4_CAP __launch_bounds__(128, 4)
-TC_QGLU(f16, F16, _db4, true, TC_DB4_CAP, false)
-TC_QGLU(bf16, BF16, _db4, true, TC_DB4_CAP, false)
-TC_QGLU(f16, F16, _db4a, true, TC_DB4_CAP, true)
-TC_QGLU(bf16, BF16, _db4a, true, TC_DB4_CAP, true)
+TC_QGLU(f16, F16, , false)
+TC_QGLU(bf16, BF16, , false)
+TC_QGLU(f16, F16, _db, true)
+TC_QGLU(bf16, BF16, _db, true)
 
 // ---- The same products with each warp's weights streamed through shared memory -----------------
 // tc_qdot has one chunk of a warp's weights in flight (in its registers) and drains at every

@@ -197,29 +197,6 @@ fn double_buffered(name: &str) -> Option<&'static str> {
     }
 }
 
-/// The double-buffered GLU bounded to four 128-thread blocks an SM (`_db4`, 128 registers) for
-/// 4-warp blocks of GLU `name` where the unbounded `_db` was not taken, opt-in until measured:
-/// `MLXCEL_TC_DB4=1` takes it, `=2` its form that requests each next tile's first chunks during
-/// the tile before (`_db4a`). llama-3.1-8b's 896 tiles take two rounds on its 528 blocks as on
-/// the plain kernel's 660, where the unbounded form's 396 take three.
-fn bounded_double(name: &str, block: u32) -> Option<&'static str> {
-    static MODE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let mode = *MODE.get_or_init(|| launch::env_usize("MLXCEL_TC_DB4").unwrap_or(0));
-    if block != 128 || mode == 0 {
-        return None;
-    }
-    let (f16, bf16) = if mode == 2 {
-        ("tc_qglu_f16_4_db4a", "tc_qglu_bf16_4_db4a")
-    } else {
-        ("tc_qglu_f16_4_db4", "tc_qglu_bf16_4_db4")
-    };
-    match name {
-        "tc_qglu_f16_4" => Some(f16),
-        "tc_qglu_bf16_4" => Some(bf16),
-        _ => None,
-    }
-}
-
 impl Gpu {
     pub fn open() -> Result<Arc<Gpu>> {
         // SAFETY: only probes whether the driver library loads (cudarc would panic on first use).
@@ -897,16 +874,10 @@ impl Gpu {
         if persist != 0 && tensor_cores {
             let resident = |name: &'static str| self.resident_blocks(name, l.block, l.smem);
             let mut held = resident(name)?;
-            let rounds = |held: u32| grid.div_ceil(held);
             if let Some(double) = double_buffered(name) {
+                let rounds = |held: u32| grid.div_ceil(held);
                 let held_db = resident(double)?;
                 if double_buffered_on().unwrap_or(rounds(held_db) <= rounds(held)) {
-                    (name, held) = (double, held_db);
-                }
-            }
-            if let Some(double) = bounded_double(name, l.block) {
-                let held_db = resident(double)?;
-                if rounds(held_db) <= rounds(held) {
                     (name, held) = (double, held_db);
                 }
             }
