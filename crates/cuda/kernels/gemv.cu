@@ -527,7 +527,7 @@ __device__ __forceinline__ void gather_qgemv(const void* x, i64 x_rows, const un
   }
   const i64 col0 = first_col(R);
   if (col0 >= n) return;
-  const i64 rows = e * n, groups = k / (group & (Q4_PACKED - 1)), ssz = sdt == 0 ? 4 : 2;
+  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
   const unsigned* we = w + rows * (k * BITS / 32);
   const void* se = (const char*)s + rows * groups * ssz;
   const void* ze = (const char*)z + rows * groups * ssz;
