@@ -601,6 +601,25 @@ const PROJECTED_ROPE: [(
     ),
 ];
 
+/// Gemma 3's shape of PROJECTED_ROPE's steps: 1 + w norms over 256-wide heads, which fold into
+/// the products' launch only with `MLXCEL_CUDA_FUSE_QK_NORM=all` (their tiles in clusters of
+/// 16 blocks where the device runs them), so checked against the CPU backend either way, but
+/// not counted with the others.
+#[allow(clippy::type_complexity)]
+const PROJECTED_ROPE_256: [(
+    mlxcel_core::DType,
+    (usize, usize, usize),
+    (usize, u32),
+    (bool, bool, bool, Option<bool>),
+    (usize, usize),
+); 1] = [(
+    mlxcel_core::DType::BF16,
+    (4, 1, 256),
+    (512, 4),
+    (false, true, false, Some(true)),
+    (7, 16),
+)];
+
 /// The products, rope and cache writes of each PROJECTED_ROPE step are one launch, the step
 /// three with the length's add and the attention (no GPU needed to count them).
 #[test]
@@ -1210,7 +1229,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         tolerance: scales.iter().map(|&x| Tolerance::for_dtype(dt).scaled(x)).collect(),
     };
     // q, k and v's products with their rope and cache writes in the epilogue.
-    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE.into_iter().chain(PROJECTED_ROPE_256) {
         cases.push(step_case(
             format!("q, k, v products with rope and writes {dt} {heads:?} (k, bits) {k:?} {flags:?} at {place:?}"),
             projected_rope_step(dt, heads, k, flags, place),

@@ -1814,16 +1814,20 @@ fn products_rope(
         None => args.extend([Ptr(0), Ptr(0), I32(0), F32(0.0), F32(0.0), I32(0), Ptr(0)]),
     }
     let l = tc_gemv_kernel("qgemv", x.dtype, 4, 1, total, kx).ok_or_else(|| no_tensor_cores("q, k and v with rope"))?;
-    // With the norms, a head's tiles in one cluster (nn.cu tc_qgemv3_nrope) where it fits one
-    // (8 blocks at most: heads up to 128 wide), else tickets.
+    // With the norms, a head's tiles in one cluster (nn.cu tc_qgemv3_nrope) where the device
+    // runs one (Hopper: 8 blocks, heads up to 128 wide; 16, heads 256 wide as Gemma's, where
+    // its clusters of that size fit), else tickets.
     let cluster = (d / 16) as u32;
-    if qk_norms.is_some() && cluster <= 8 && gpu.clusters() && qk_norm_clusters() {
+    if qk_norms.is_some() && cluster <= 16 && gpu.clusters() && qk_norm_clusters() {
         let l = GemvLaunch {
             name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_nrope_", 1)),
             grid: (total / 16) as u32,
             ..l
         };
-        return gpu.launch_gemv_clusters(&tc_double(gpu, l, kx, true)?, cluster, &args);
+        let l = tc_double(gpu, l, kx, true)?;
+        if cluster <= 8 || gpu.clusters_fit(l.name, cluster, l.block, l.smem)? {
+            return gpu.launch_gemv_clusters(&l, cluster, &args);
+        }
     }
     let l = GemvLaunch {
         name: intern(l.name.replacen("tc_qgemv_", "tc_qgemv3_rope_", 1)),

@@ -910,6 +910,42 @@ impl Gpu {
         self.clusters
     }
 
+    /// Whether the device runs clusters of `cluster` blocks of kernel `name` (`block` threads and
+    /// `smem` bytes of dynamic shared memory each): past 8 blocks, Hopper's portable size, only
+    /// as its graphics processing clusters and the kernel's resources allow.
+    pub(crate) fn clusters_fit(&self, name: &'static str, cluster: u32, block: u32, smem: u32) -> Result<bool> {
+        use cudarc::driver::sys;
+        if !self.clusters || cluster == 0 {
+            return Ok(false);
+        }
+        let f = self.func(name)?;
+        allow_shared(&f, name, smem)?;
+        allow_cluster(&f, name, cluster)?;
+        // SAFETY: a zeroed attribute is valid plain data; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = cluster;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: cluster,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut clusters: std::ffi::c_int = 0;
+        self.stream.context().bind_to_thread().map_err(driver_err)?;
+        // SAFETY: cfg and attr outlive the call; the function is this context's.
+        let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &cfg) };
+        Ok(r.result().is_ok() && clusters > 0)
+    }
+
     /// A tensor-core GEMV launch of a block a tile (`l.grid`) in thread-block clusters of
     /// `cluster` blocks (nn.cu `tc_qgemv3_nrope`), programmatic as [`Gpu::launch_gemv`] decides.
     pub(crate) fn launch_gemv_clusters(&self, l: &launch::GemvLaunch, cluster: u32, args: &[Arg]) -> Result<()> {
@@ -955,6 +991,7 @@ impl Gpu {
         use cudarc::driver::sys;
         let f = self.func(name)?;
         allow_shared(&f, name, smem)?;
+        allow_cluster(&f, name, cluster)?;
         // The kernel's parameters: the address of each argument's value, which outlives the call.
         let mut params = args
             .iter()
@@ -1048,6 +1085,19 @@ fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
             smem as i32,
         )
         .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
+    }
+    Ok(())
+}
+
+/// Allows kernel `f` (`name`) clusters of `cluster` blocks: past Hopper's portable 8, only once
+/// the kernel is marked for it.
+fn allow_cluster(f: &CudaFunction, name: &str, cluster: u32) -> Result<()> {
+    if cluster > 8 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+        )
+        .map_err(|e| Error::Backend(format!("{name}: clusters of {cluster} blocks: {e:?}")))?;
     }
     Ok(())
 }
