@@ -601,10 +601,9 @@ const PROJECTED_ROPE: [(
     ),
 ];
 
-/// Gemma 3's shape of PROJECTED_ROPE's steps: 1 + w norms over 256-wide heads, which fold into
-/// the products' launch only with `MLXCEL_CUDA_FUSE_QK_NORM=all` (their tiles in clusters of
-/// 16 blocks where the device runs them), so checked against the CPU backend either way, but
-/// not counted with the others.
+/// Gemma 3's shape of PROJECTED_ROPE's steps: 1 + w norms over 256-wide heads from 4-bit
+/// products, which fold into the products' launch (a head's tiles in a cluster of 16 blocks
+/// where the device runs one, else tickets).
 #[allow(clippy::type_complexity)]
 const PROJECTED_ROPE_256: [(
     mlxcel_core::DType,
@@ -624,7 +623,7 @@ const PROJECTED_ROPE_256: [(
 /// three with the length's add and the attention (no GPU needed to count them).
 #[test]
 fn q_k_v_products_write_the_rope_and_the_caches() {
-    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE.into_iter().chain(PROJECTED_ROPE_256) {
         let (graph, _, _) = projected_rope_step(dt, heads, k, flags, place);
         let families = CudaBackend::launch_families(&graph).unwrap();
         let launches: usize = families.iter().map(|(_, n)| n).sum();

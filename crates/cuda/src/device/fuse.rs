@@ -599,22 +599,41 @@ fn find_products_rope(graph: &Graph, consumers: &[Vec<usize>], f: &mut Fusion) {
     }
 }
 
-/// The widest heads whose q and k norms fold into the rope-and-write launch by default.
+/// The widest heads whose q and k norms fold into the rope-and-write launch by default; up to
+/// 256 where the heads come from a 4-bit product (`QK_NORM_WIDEST_PRODUCTS`), whose launch then
+/// normalizes them in clusters of a head's tiles.
 const QK_NORM_WIDEST: usize = 128;
+const QK_NORM_WIDEST_PRODUCTS: usize = 256;
+
+/// Whether `v` is a 4-bit product's output, through reshapes.
+fn from_q4_product(graph: &Graph, mut v: NodeId) -> bool {
+    loop {
+        match graph.node(v).op {
+            Op::Reshape => v = graph.node(v).inputs[0],
+            Op::QuantizedMatMul { bits: 4, .. } => return true,
+            _ => return false,
+        }
+    }
+}
 
 /// The per-head RMSNorms the queries' and the keys' ropes (`ropes`) read through their moves to
 /// [B, H, T, D]: a transpose, or at one position the reshape it becomes; each norm and move read
 /// only by the next, in the ropes' dtype, both norms alike in their offset. By default D is at
 /// most 128 (QK_NORM_WIDEST): on the H100, qwen3-8b-4bit decoded 265.9 tok/s with the fold
 /// against 257.9 without, qwen3-30b-a3b-4bit 269.1 against 264.0, but gemma3-1b-4bit, six
-/// 256-wide head rows a step, 594.4 against 615.1. `MLXCEL_CUDA_FUSE_QK_NORM=all` folds heads up
-/// to 256 wide (the kernel's limit), `=0` none.
+/// 256-wide head rows a step, 594.4 against 615.1 (a block's warp normalized each head, behind
+/// tickets; session 26's rope-and-write with the six rows lost too, 701 against 773). Heads up
+/// to 256 wide from 4-bit products fold too (QK_NORM_WIDEST_PRODUCTS): their products' launch
+/// normalizes them with a head's 16 tiles in a cluster (launch.rs), gemma3-1b-4bit 769.7,
+/// 774.2, 773.3 tok/s against 757.3, 761.1, 759.2 (H100, session 27; on a device without
+/// clusters of 16 the tickets again). `MLXCEL_CUDA_FUSE_QK_NORM=all` folds every head up to 256
+/// wide (the kernels' limit), `=0` none.
 fn qk_norms(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, ropes: [usize; 2]) -> Option<[usize; 2]> {
-    static WIDEST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let widest = *WIDEST.get_or_init(|| match std::env::var("MLXCEL_CUDA_FUSE_QK_NORM").as_deref() {
-        Ok("0") => 0,
-        Ok("all") => 256,
-        _ => QK_NORM_WIDEST,
+    static WIDEST: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    let (widest, from_products) = *WIDEST.get_or_init(|| match std::env::var("MLXCEL_CUDA_FUSE_QK_NORM").as_deref() {
+        Ok("0") => (0, 0),
+        Ok("all") => (256, 256),
+        _ => (QK_NORM_WIDEST, QK_NORM_WIDEST_PRODUCTS),
     });
     let norm = |rope: usize| -> Option<usize> {
         let moved = graph.nodes[rope].inputs[0].index();
@@ -625,9 +644,10 @@ fn qk_norms(graph: &Graph, consumers: &[Vec<usize>], f: &Fusion, ropes: [usize; 
         // [B, T, H, D] → [B, H, T, D]: the transpose, or a reshape where T is 1.
         let one_position = x.shape.len() == 4 && x.shape[1] == 1 && m.shape == [x.shape[0], x.shape[2], 1, x.shape[3]];
         let moves = heads_swap(&m.op) || matches!(m.op, Op::Reshape) && one_position;
+        let wide_enough = |d: usize| d <= widest || d <= from_products && from_q4_product(graph, nn.inputs[0]);
         let fits = matches!(nn.op, Op::RmsNorm { .. })
             && x.shape.len() == 4
-            && x.shape[3] <= widest
+            && wide_enough(x.shape[3])
             && x.dtype == nn.dtype
             && nn.dtype == graph.nodes[rope].dtype;
         let alone = consumers[moved] == [rope] && consumers[n] == [moved];
