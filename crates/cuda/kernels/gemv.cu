@@ -951,26 +951,10 @@ __device__ __forceinline__ void tc_block_sum(const float (*acc)[2], float (*wpar
 // warp's loads is 512 contiguous bytes and a tile is one contiguous run. Scales and biases
 // follow the same order: each chunk's 16 rows of 256 / group values, row by row.
 #define Q4_PACKED (1 << 16)
-// Bits 17-18 of the group argument: the L2 prefetch (launch.rs tc_group, MLXCEL_TC_L2). 1: a
-// block requests its first tile's weights, scales and biases into L2 whole when it starts
-// (before it waits for the kernel ahead), and each later tile's when it reaches it; 2: its
-// first tile's, then at each tile the next one's (`next`, its first row; -1: none). The warps'
-// own loads, one or two chunks ahead in registers, then find the rest of the tile in L2
-// rather than waiting on memory chunk by chunk.
-#define TC_L2_SHIFT 17
-// Bytes [p, p + bytes) requested into L2: one bulk request (Hopper's copy engine), no wait and
-// nothing written. The start rounds up to 16 bytes and the end down, as the request needs.
-__device__ __forceinline__ void l2_prefetch(const void* p, i64 bytes) {
-#if __CUDA_ARCH__ >= 900
-  const size_t a = (size_t)p, start = (a + 15) & ~(size_t)15, end = (a + (size_t)bytes) & ~(size_t)15;
-  if (end > start)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start), "r"((unsigned)(end - start)) : "memory");
-#endif
-}
 template <class X, int NM, bool DB = false>
 __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool stage, const unsigned* const* w,
                                         const void* const* s, const void* const* z, int sdt, i64 row0, i64 n,
-                                        i64 k, int group, float* out, i64 bstride = 8, i64 next = -1) {
+                                        i64 k, int group, float* out, i64 bstride = 8) {
   typedef TensorCore<X> TC;
   extern __shared__ float4 staged[];
   uint4* xs = (uint4*)staged;              // k / 8 words of 8 reordered values
@@ -982,7 +966,6 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   // 0-3 or 0-5; the lanes of the runs past k load and feed zeros, and where it has at most four
   // runs the second mma of each pair sits it out).
   const bool packed = group & Q4_PACKED;
-  const int l2 = (group >> TC_L2_SHIFT) & 3;
   group &= Q4_PACKED - 1;
   const i64 wrow = k / 8, groups = k / group, runs = k / 32, chunks = (k + 255) / 256;
   // Groups are 32, 64 or 128 values: run r (32 values) is in group r >> gshift.
@@ -1133,20 +1116,6 @@ __device__ __forceinline__ void tc_qdot(const void* x, const NormIn& nin, bool s
   if (stage) pdl_trigger();
   if (warp < chunks) fetch(warp, a);
   if (DB && warp + warps < chunks) fetch(warp + warps, b);
-  if (l2 != 0 && threadIdx.x == 0) {
-    // Rows r0 .. r0 + 15 (fewer at the end) of each matrix: contiguous in both layouts.
-    auto tile_to_l2 = [&](i64 r0) {
-      const i64 rows = min((i64)16, n - r0), ssz = sdt == 0 ? 4 : 2;
-#pragma unroll
-      for (int m = 0; m < NM; m++) {
-        l2_prefetch(w[m] + r0 * wrow, rows * wrow * 4);
-        l2_prefetch((const char*)s[m] + r0 * groups * ssz, rows * groups * ssz);
-        l2_prefetch((const char*)z[m] + r0 * groups * ssz, rows * groups * ssz);
-      }
-    };
-    if (stage || l2 == 1) tile_to_l2(row0);
-    if (l2 == 2 && next >= 0 && next < n) tile_to_l2(next);
-  }
   if (stage) {
     pdl_wait();  // a programmatic launch: the weights were requested before the kernel ahead ended
     tc_stage_x<X>(x, nin, k, xs, xsum);
@@ -1218,8 +1187,7 @@ TC_QGEMV3(bf16, BF16, _r0, )
     float out[1];                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
       const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, 8,                      \
-                    (tile + gridDim.x) * 16);                                                                         \
+      tc_qdot<X, 1>(x, NormIn{}, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                        \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n) stf(y, ydt, row0 + threadIdx.x, out[0]);                        \
     }                                                                                                                 \
   }
@@ -1234,8 +1202,7 @@ TC_QGEMV3(bf16, BF16, _r0, )
     float out[2];                                                                                                     \
     for (i64 tile = blockIdx.x; tile * 16 < n; tile += gridDim.x) {                                                   \
       const i64 row0 = tile * 16;                                                                                     \
-      tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out, 8,                   \
-                        (tile + gridDim.x) * 16);                                                                     \
+      tc_qdot<X, 2, DB>(x, NORM_IN, tile == blockIdx.x, ws, ss, zs, sdt, row0, n, k, group, out);                      \
       if (threadIdx.x < 16 && row0 + threadIdx.x < n)                                                                 \
         stf(y, ydt, row0 + threadIdx.x, glu_out(out[0], out[1], gdt, act));                                           \
     }                                                                                                                 \
@@ -1491,7 +1458,7 @@ __device__ __forceinline__ bool tc_gather_qdot(const void* x, i64 x_rows, const 
   }
   const i64 xr = (p / top) * x_rows + (x_rows == 1 ? 0 : p % top);
   const typename X::T* xrow = (const typename X::T*)x + xr * k;
-  const i64 rows = e * n, groups = k / (group & (Q4_PACKED - 1)), ssz = sdt == 0 ? 4 : 2;
+  const i64 rows = e * n, groups = k / group, ssz = sdt == 0 ? 4 : 2;
   const unsigned* we[NM];
   const void *se[NM], *ze[NM];
 #pragma unroll

@@ -337,27 +337,16 @@ pub(crate) fn tc_ring(
 
 /// The group argument of a (not ring) tensor-core GEMV launch with gemv.cu's flags, and its
 /// weights: each weight's (words, scales, biases) addresses in `mats` become their tile-packed
-/// copies (`MLXCEL_TC_PACK=1`, flag Q4_PACKED) where every weight of the launch has them; the
-/// L2 prefetch mode (gemv.cu TC_L2_SHIFT) is `MLXCEL_TC_L2` (0 none, the default; 1 each tile
-/// as a block reaches it; 2 the next tile too).
+/// copies (`MLXCEL_TC_PACK=1`, flag Q4_PACKED) where every weight of the launch has them.
 fn tc_group(gpu: &Gpu, mats: &mut [[u64; 3]], group: usize) -> i32 {
     const Q4_PACKED: i32 = 1 << 16;
-    let mut code = group as i32 | tc_l2_bits();
+    let mut code = group as i32;
     let packed: Option<Vec<[u64; 3]>> = mats.iter().map(|m| gpu.packed(m[0], m[1], m[2])).collect();
     if let Some(p) = packed {
         mats.copy_from_slice(&p);
         code |= Q4_PACKED;
     }
     code
-}
-
-/// The L2 prefetch mode of the tensor-core GEMVs (gemv.cu TC_L2_SHIFT) as group-argument bits:
-/// `MLXCEL_TC_L2` 0 (none, the default), 1 (each tile's weights as a block reaches it) or 2
-/// (the block's next tile's too).
-pub(crate) fn tc_l2_bits() -> i32 {
-    const L2_SHIFT: u32 = 17;
-    static L2: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *L2.get_or_init(|| env_usize("MLXCEL_TC_L2").map_or(0, |m| m.min(2) as i32)) << L2_SHIFT
 }
 
 /// Most dynamic shared memory a ring GEMV block asks for (of the 227 KiB Hopper allows).
@@ -745,38 +734,34 @@ pub fn node(
             let (experts, nn) = (sw[0], sw[1]);
             let pairs: usize = input(4).shape.iter().product();
             let top = *input(4).shape.last().unwrap();
-            let gather_args = |group: i32| -> Result<[Arg; 20]> {
-                Ok([
-                    Ptr(ptr(0)),
-                    I32(fcode(input(0).dtype)?),
-                    I64(x_rows as i64),
-                    Ptr(ptr(1)),
-                    Ptr(ptr(2)),
-                    Ptr(ptr(3)),
-                    I32(fcode(input(2).dtype)?),
-                    Ptr(ptr(4)),
-                    I32(icode(input(4).dtype)?),
-                    Ptr(out),
-                    I32(fcode(node.dtype)?),
-                    I64(pairs as i64),
-                    I64(top as i64),
-                    I64(experts as i64),
-                    I64(nn as i64),
-                    I64(k as i64),
-                    I32(*bits as i32),
-                    I32(group),
-                    Ptr(error),
-                    I32(tag),
-                ])
-            };
-            let args = gather_args(*group_size as i32)?;
+            let args = [
+                Ptr(ptr(0)),
+                I32(fcode(input(0).dtype)?),
+                I64(x_rows as i64),
+                Ptr(ptr(1)),
+                Ptr(ptr(2)),
+                Ptr(ptr(3)),
+                I32(fcode(input(2).dtype)?),
+                Ptr(ptr(4)),
+                I32(icode(input(4).dtype)?),
+                Ptr(out),
+                I32(fcode(node.dtype)?),
+                I64(pairs as i64),
+                I64(top as i64),
+                I64(experts as i64),
+                I64(nn as i64),
+                I64(k as i64),
+                I32(*bits as i32),
+                I32(*group_size as i32),
+                Ptr(error),
+                I32(tag),
+            ];
             if pairs <= GATHER_GEMV_PAIRS && matches!(bits, 4 | 8) && group_size % 32 == 0 && k % group_size == 0 {
                 // Decode: one block row per (token, slot) pair, the GEMV kernels' inner loop
                 // (same parameters as gather_qmm).
                 if let Some(l) = tc_gemv_kernel("gather_qgemv", input(0).dtype, *bits, 1, nn * pairs, k) {
                     let grid = (nn.div_ceil(16) as u32, pairs as u32);
                     let block = gather_block(gpu, l.name, grid, l.block, l.smem, k, "MLXCEL_GATHER_WARPS")?;
-                    let args = gather_args(*group_size as i32 | tc_l2_bits())?;
                     return gpu.launch_grid(l.name, grid, block, l.smem, &args);
                 }
                 let l = gemv_kernel("gather_qgemv", input(0).dtype, bits_name(*bits), 1, nn, k)?;
@@ -1314,7 +1299,7 @@ pub(crate) fn fused(
                         I64(sw[0] as i64),
                         I64(n as i64),
                         I64(k as i64),
-                        I32(group_size as i32 | tc_l2_bits()),
+                        I32(group_size as i32),
                         Ptr(error),
                         I32(tag),
                     ]);
