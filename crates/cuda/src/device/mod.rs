@@ -921,24 +921,8 @@ impl Gpu {
         let f = self.func(name)?;
         allow_shared(&f, name, smem)?;
         allow_cluster(&f, name, cluster)?;
-        // SAFETY: a zeroed attribute is valid plain data; id and value are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = cluster;
-        attr.value.clusterDim.y = 1;
-        attr.value.clusterDim.z = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: cluster,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
+        let mut attrs = [cluster_attr(cluster)];
+        let cfg = self.launch_config((cluster, 1), block, smem, &mut attrs);
         let mut clusters: std::ffi::c_int = 0;
         self.stream.context().bind_to_thread().map_err(driver_err)?;
         // SAFETY: cfg and attr outlive the call; the function is this context's.
@@ -1014,15 +998,27 @@ impl Gpu {
             attrs.push(attr);
         }
         if cluster > 1 {
-            // SAFETY: as above.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim.x = cluster;
-            attr.value.clusterDim.y = 1;
-            attr.value.clusterDim.z = 1;
-            attrs.push(attr);
+            attrs.push(cluster_attr(cluster));
         }
-        let cfg = sys::CUlaunchConfig {
+        let cfg = self.launch_config(grid, block, smem, &mut attrs);
+        self.stream.context().bind_to_thread().map_err(driver_err)?;
+        // SAFETY: as in launch_grid: the parameter list matches the kernel's (launch.rs), every
+        // pointer names a live buffer; params, attrs and cfg outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))
+    }
+
+    /// cuLaunchKernelEx's configuration of a launch on this stream, with `attrs` (which must
+    /// outlive its use).
+    fn launch_config(
+        &self,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        attrs: &mut [cudarc::driver::sys::CUlaunchAttribute],
+    ) -> cudarc::driver::sys::CUlaunchConfig {
+        cudarc::driver::sys::CUlaunchConfig {
             gridDimX: grid.0.max(1),
             gridDimY: grid.1.max(1),
             gridDimZ: 1,
@@ -1033,13 +1029,7 @@ impl Gpu {
             hStream: self.stream.cu_stream(),
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
-        };
-        self.stream.context().bind_to_thread().map_err(driver_err)?;
-        // SAFETY: as in launch_grid: the parameter list matches the kernel's (launch.rs), every
-        // pointer names a live buffer; params, attrs and cfg outlive the call.
-        unsafe { sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| Error::Backend(format!("launching {name}: {e:?}")))
+        }
     }
 
     /// [`Gpu::launch`] on a two-dimensional grid.
@@ -1087,6 +1077,18 @@ fn allow_shared(f: &CudaFunction, name: &str, smem: u32) -> Result<()> {
         .map_err(|e| Error::Backend(format!("{name}: {smem} bytes of shared memory: {e:?}")))?;
     }
     Ok(())
+}
+
+/// The launch attribute of clusters of `cluster` blocks along x.
+fn cluster_attr(cluster: u32) -> cudarc::driver::sys::CUlaunchAttribute {
+    use cudarc::driver::sys;
+    // SAFETY: a zeroed attribute is valid plain data; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
 }
 
 /// Allows kernel `f` (`name`) clusters of `cluster` blocks: past Hopper's portable 8, only once
