@@ -115,6 +115,23 @@ ncu_step() {
   head -22 $OUT/step-$name.md
 }
 
+# nsys_step NAME PRESET [VAR=VALUE ...]: the replayed decode step as its kernels really ran,
+# overlapping (Nsight Systems, the graph's nodes traced one by one), summed by timeline.py into
+# $OUT/timeline-NAME.md: each family's time a launch and the part of the step it exposed. The
+# prompt is P tokens (default 64). A notice where the machine has no nsys.
+nsys_step() {
+  local name=$1 preset=$2 nsys; shift 2
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  if [ -z "$nsys" ]; then echo "== nsys step $name: no nsys on this machine"; return; fi
+  env "$@" timeout 150 $nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite true -o /tmp/nsys-$name \
+    .gpu/bin/mlxcel bench --preset $preset --device cuda -p ${P:-64} -g 40 -r 1 > /dev/null 2>> /tmp/nsys.err
+  echo "== nsys step $name rc=$?"
+  timeout 120 $nsys stats --report cuda_gpu_trace --format csv --force-export true --output /tmp/nsys-$name \
+    /tmp/nsys-$name.nsys-rep > /dev/null 2>> /tmp/nsys.err
+  python3 scripts/gpu/timeline.py "$(ls /tmp/nsys-$name*cuda_gpu_trace*.csv | head -1)" > $OUT/timeline-$name.md 2>&1
+  head -24 $OUT/timeline-$name.md
+}
+
 # ncu_batch NAME N [VAR=VALUE ...]: ncu_step for serve's batched step of N rows on the 8B preset
 # (rows at position 256, a warm-up and one run of 4 steps).
 ncu_batch() {

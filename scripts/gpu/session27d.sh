@@ -2,7 +2,10 @@
 # GPU, session 27's closing call on main (Gemma 3's 256-wide q/k norms folded by default):
 # checks, the representative sweep, issue 7's Gemma check (gemma3-1b against its Llama twin in
 # f16, the default, and in bf16, Gemma's dtype), the SmolLM2-shaped preset, and the decode
-# attention's block aim (MLXCEL_ATT_FILL, default 264) on the two small presets.
+# attention's block aim (MLXCEL_ATT_FILL, default 264) on the two small presets; then the
+# replayed steps of llama-3.1-8b, gemma3-1b and its twin as they ran (Nsight Systems, kernels
+# overlapping), where the machine has nsys. Not run in session 27 (no device started): the next
+# session's first call.
 source "$(dirname "$0")/common.sh"
 checked_report
 rlog "== sweep [t=$((SECONDS - t0))]"
@@ -22,5 +25,9 @@ for i in 1 2; do
     rrun bench fill528-$i-$p $p MLXCEL_ATT_FILL=528
   done
 done
+rlog "== the steps as they ran [t=$((SECONDS - t0))]"
+rrun nsys_step llama llama-3.1-8b-4bit
+rrun nsys_step gemma gemma3-1b-4bit
+rrun nsys_step twin llama-as-gemma3-1b-4bit
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
