@@ -1443,8 +1443,9 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 // clusters only write). Each block of a q or k head puts its 16 rounded products' sum of squares
 // in shared memory; after a cluster barrier every block of the head adds the head's sums in
 // rank order (the same in each), normalizes its rows as rms_norm stores them (x · inv · w,
-// w + 1 with unit_offset), turns them with their partners and writes them; a second barrier keeps each block's sums until all have read them.
-// No ticket and no second trip to memory (tc_qgemv3_rope's with `tickets`).
+// w + 1 with unit_offset), turns them with their partners and writes them; a second barrier
+// keeps each block's sums until all have read them. No ticket and no second trip to memory
+// (tc_qgemv3_rope's with `tickets`).
 #define TC_QGEMV3_NORM_ROPE(XN, X, SUF, CAP, DB)                                                                      \
   extern "C" __global__ void CAP tc_qgemv3_nrope_##XN##_4##SUF(                                                       \
       TC_QGEMV3_ROPE_PARAMS) {                                                                                        \
