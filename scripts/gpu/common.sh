@@ -189,6 +189,17 @@ checked_report() {
   rrun checks_in_full
 }
 
+# gemma_check ROUNDS: issue 7's Gemma check into the report, gemma3-1b against its Llama twin
+# (the same bytes a token), alternating, ROUNDS times.
+gemma_check() {
+  local i
+  rlog "== issue 7's Gemma check: gemma3-1b against its Llama twin [t=$((SECONDS - t0))]"
+  for i in $(seq "$1"); do
+    rrun bench gemma$i gemma3-1b-4bit
+    rrun bench twin$i llama-as-gemma3-1b-4bit
+  done
+}
+
 # old_new ROUNDS PRESET...: decode of each preset with the build before a change (.gpu/old) and
 # after it, alternating, ROUNDS times each, into the report.
 old_new() {

@@ -26,10 +26,6 @@ for p in qwen2.5-0.5b-bf16 gemma3-1b-4bit llama-3.2-1b-4bit; do
   rrun bench early-$p $p MLXCEL_PDL_ATTENTION=1
   rrun bench plain-$p $p
 done
-rlog "== issue 7's Gemma check: gemma3-1b against its Llama twin [t=$((SECONDS - t0))]"
-for i in 1 2; do
-  rrun bench gemma$i gemma3-1b-4bit
-  rrun bench twin$i llama-as-gemma3-1b-4bit
-done
+gemma_check 2
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt

@@ -27,10 +27,6 @@ for i in 1 2; do
   rrun bench new$i-qwen3 qwen3-8b-4bit
   rrun bench rules$i-qwen3 qwen3-8b-4bit MLXCEL_PDL=small MLXCEL_TC_PERSIST=1
 done
-rlog "== issue 7's Gemma check [t=$((SECONDS - t0))]"
-for i in 1 2; do
-  rrun bench gemma$i gemma3-1b-4bit
-  rrun bench twin$i llama-as-gemma3-1b-4bit
-done
+gemma_check 2
 rlog "[t=$((SECONDS - t0))]"
 cat $OUT/report.txt
