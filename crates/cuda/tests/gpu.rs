@@ -504,9 +504,11 @@ fn projected_rope_step(
 /// last slot, Qwen2's biases. Dense: 8, 4 and 2 rows a block (k up to 1024, 2048 and 4096),
 /// with Qwen2's biases and an interleaved rope among them. 4-bit with per-head q and k norms:
 /// Qwen3's 128-wide heads after a norm, Gemma's 1 + w over 64-wide heads at the cache's last
-/// slot, interleaved 32-wide heads with biases. The last two have k long enough for two chunks
+/// slot, interleaved 32-wide heads with biases. The next two have k long enough for two chunks
 /// a warp where the warps are forced few (`MLXCEL_TC_WARPS=2` takes the double-buffered launch
-/// there, and with `MLXCEL_TC_DB_QKV=1` the clustered one with norms too).
+/// there, and with `MLXCEL_TC_DB_QKV=1` the clustered one with norms too). Last, Gemma 3's
+/// shape: 1 + w norms over 256-wide heads, a head's tiles in a cluster of 16 blocks where the
+/// device runs one, else tickets.
 #[allow(clippy::type_complexity)]
 const PROJECTED_ROPE: [(
     mlxcel_core::DType,
@@ -514,7 +516,7 @@ const PROJECTED_ROPE: [(
     (usize, u32),
     (bool, bool, bool, Option<bool>),
     (usize, usize),
-); 12] = [
+); 13] = [
     (
         mlxcel_core::DType::F16,
         (4, 2, 64),
@@ -599,31 +601,20 @@ const PROJECTED_ROPE: [(
         (false, true, false, Some(false)),
         (11, 16),
     ),
+    (
+        mlxcel_core::DType::BF16,
+        (4, 1, 256),
+        (512, 4),
+        (false, true, false, Some(true)),
+        (7, 16),
+    ),
 ];
-
-/// Gemma 3's shape of PROJECTED_ROPE's steps: 1 + w norms over 256-wide heads from 4-bit
-/// products, which fold into the products' launch (a head's tiles in a cluster of 16 blocks
-/// where the device runs one, else tickets).
-#[allow(clippy::type_complexity)]
-const PROJECTED_ROPE_256: [(
-    mlxcel_core::DType,
-    (usize, usize, usize),
-    (usize, u32),
-    (bool, bool, bool, Option<bool>),
-    (usize, usize),
-); 1] = [(
-    mlxcel_core::DType::BF16,
-    (4, 1, 256),
-    (512, 4),
-    (false, true, false, Some(true)),
-    (7, 16),
-)];
 
 /// The products, rope and cache writes of each PROJECTED_ROPE step are one launch, the step
 /// three with the length's add and the attention (no GPU needed to count them).
 #[test]
 fn q_k_v_products_write_the_rope_and_the_caches() {
-    for (dt, heads, k, flags, place) in PROJECTED_ROPE.into_iter().chain(PROJECTED_ROPE_256) {
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
         let (graph, _, _) = projected_rope_step(dt, heads, k, flags, place);
         let families = CudaBackend::launch_families(&graph).unwrap();
         let launches: usize = families.iter().map(|(_, n)| n).sum();
@@ -1228,7 +1219,7 @@ fn fused_decode_patterns_match_the_cpu_backend() {
         tolerance: scales.iter().map(|&x| Tolerance::for_dtype(dt).scaled(x)).collect(),
     };
     // q, k and v's products with their rope and cache writes in the epilogue.
-    for (dt, heads, k, flags, place) in PROJECTED_ROPE.into_iter().chain(PROJECTED_ROPE_256) {
+    for (dt, heads, k, flags, place) in PROJECTED_ROPE {
         cases.push(step_case(
             format!("q, k, v products with rope and writes {dt} {heads:?} (k, bits) {k:?} {flags:?} at {place:?}"),
             projected_rope_step(dt, heads, k, flags, place),
